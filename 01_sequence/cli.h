@@ -1,0 +1,44 @@
+// cli.h: the command line's flag parser, shared by every subcommand of build/nanovllm.
+//
+// The contract (DESIGN.md): errors go to stderr as one line "error: ...", exit code 2 for a usage error
+// (unknown flag, missing or malformed value) and 1 for any other failure.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "01_sequence/common.h"
+
+namespace nanovllm {
+
+// A mistake in the command line itself: main() exits with code 2 instead of 1.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// Flags of one subcommand: `--name value` for value flags (repeatable, e.g. --prompt), `--name` alone
+// for switches. Anything else is a UsageError naming the offending argument.
+class Flags {
+ public:
+  Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
+        const std::vector<std::string>& switches);
+
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  // The last value given for a value flag, or `fallback` when absent.
+  std::string get(const std::string& name, const std::string& fallback = "") const;
+  const std::vector<std::string>& get_all(const std::string& name) const;
+  // Numeric values, checked against [lo, hi]; a malformed or out-of-range value is a UsageError.
+  int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
+  double get_double(const std::string& name, double fallback, double lo, double hi) const;
+  uint64_t get_uint64(const std::string& name, uint64_t fallback) const;
+
+ private:
+  std::map<std::string, std::vector<std::string>> values_;  // switches map to {""}
+};
+
+// Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
+int cmd_hash_blocks(const Flags& flags);  // 03_block_manager/hash_blocks_cli.cpp
+
+}  // namespace nanovllm

@@ -1,0 +1,144 @@
+# nano-vllm in C++17 and CUDA: the one entry point of the build.
+#
+#   make                    build build/nanovllm (with CUDA kernels when nvcc is found)
+#   make test               build and run every test suite
+#   make chapter-03         build chapter 03, what it depends on, and its tests
+#   make chapter-03 test    ... and run only chapter 03's suites (Ch03_*)
+#   make help               list every target
+#
+# Variables: CXX, NVCC (empty = CPU only), CUDA_ARCH (e.g. `make CUDA_ARCH=90`), BUILD, SANITIZE=1.
+
+.DEFAULT_GOAL := all
+SHELL := /bin/bash
+BUILD ?= build
+
+# ---------------------------------------------------------------------------------------------------
+# Compilers and flags
+
+CXX      ?= g++
+CXXFLAGS ?= -O2 -g
+CXXFLAGS += -std=c++17 -Wall -Wextra -pthread -MMD -MP
+CPPFLAGS += -I.
+LDLIBS   += -pthread
+
+ifeq ($(SANITIZE),1)
+  CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+  LDFLAGS  += -fsanitize=address,undefined
+  NVCC :=
+endif
+
+# CUDA is optional: without nvcc the CPU engine is built on its own.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+# Compute capabilities to build machine code for: A100 (80), A10/3090 (86), L4/4090 (89), H100/H200 (90).
+CUDA_ARCH ?= 80 86 89 90
+ifneq ($(strip $(NVCC)),)
+  WITH_CUDA := 1
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  CPPFLAGS  += -DNANOVLLM_CUDA -isystem $(CUDA_HOME)/include
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+  NVCCFLAGS ?= -O3 -lineinfo
+  NVCCFLAGS += -std=c++17 -I. -DNANOVLLM_CUDA -MMD -MP -Xcompiler -Wall,-Wextra \
+               $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+endif
+
+# ---------------------------------------------------------------------------------------------------
+# Chapters. The reading order (01 -> 07) follows one request through the engine, top down; the build
+# order is bottom up. deps_NN lists, in full, the chapters whose code chapter NN calls.
+
+CHAPTERS := 01 02 03 04 05 06 07
+deps_01 :=
+deps_03 := 01
+deps_02 := 01 03
+deps_05 := 01
+deps_06 := 01
+deps_07 := 01
+deps_04 := 01 05 06 07
+
+# The entry (LLMEngine and the command line) sits in 01_sequence but calls everything: it is linked last.
+ENTRY_SRCS := 01_sequence/llm_engine.cpp 01_sequence/main.cpp
+
+chapter_dir  = $(wildcard $(1)_*)
+chapter_srcs = $(filter-out %_test.cpp $(ENTRY_SRCS),$(wildcard $(call chapter_dir,$(1))/*.cpp)) \
+               $(if $(WITH_CUDA),$(wildcard $(call chapter_dir,$(1))/*.cu))
+chapter_objs = $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_srcs,$(1)))
+# A chapter's tests: *_test.cpp in its folder, and tests/chNN_*_test.cpp (golden and model tests).
+chapter_test_srcs = $(wildcard $(call chapter_dir,$(1))/*_test.cpp) $(wildcard tests/ch$(1)_*_test.cpp)
+chapter_link_objs = $(foreach c,$(1) $(deps_$(1)),$(call chapter_objs,$(c)))
+
+ALL_OBJS   := $(foreach c,$(CHAPTERS),$(call chapter_objs,$(c)))
+ENTRY_OBJS := $(patsubst %,$(BUILD)/obj/%.o,$(wildcard $(ENTRY_SRCS)))
+E2E_SRCS   := $(wildcard tests/e2e_*_test.cpp)
+TEST_BINS  := $(foreach c,$(CHAPTERS),$(BUILD)/test_ch$(c)) $(if $(E2E_SRCS),$(BUILD)/test_e2e)
+
+# Test data built from shipped files: the Qwen3 tokenizer is shipped gzip'd (2 MB instead of 11 MB).
+TOKENIZER_DIR := $(BUILD)/data/qwen3-tokenizer
+DATA := $(TOKENIZER_DIR)/tokenizer.json $(TOKENIZER_DIR)/tokenizer_config.json
+
+# ---------------------------------------------------------------------------------------------------
+# Targets
+
+## all: build build/nanovllm (and say whether CUDA is in it)
+all: $(BUILD)/nanovllm $(DATA)
+	@if [ -n "$(WITH_CUDA)" ]; then echo "built $(BUILD)/nanovllm with CUDA ($(NVCC), sm $(CUDA_ARCH))"; \
+	 else echo "built $(BUILD)/nanovllm for the CPU only (nvcc not found)"; fi
+
+$(BUILD)/nanovllm: $(ENTRY_OBJS) $(ALL_OBJS)
+	$(CXX) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# `make chapter-03 test` runs only chapter 03; `make test` runs everything.
+SELECTED := $(patsubst chapter-%,%,$(filter chapter-%,$(MAKECMDGOALS)))
+RUN_BINS := $(if $(SELECTED),$(foreach c,$(SELECTED),$(BUILD)/test_ch$(c)),$(TEST_BINS))
+
+## chapter-NN: build chapter NN, the chapters it depends on, and its test binary
+chapter-%: $(BUILD)/test_ch% $(DATA)
+	@echo "chapter $*: built (depends on: $(or $(deps_$*),nothing))"
+
+## test: run the tests (after chapter-NN: only that chapter's suites)
+test: $(RUN_BINS) $(if $(SELECTED),,$(BUILD)/nanovllm) $(DATA)
+	@set -e; for t in $(RUN_BINS); do \
+	  ch=$${t##*/test_ch}; filter=$$( [ "$$ch" = "$$t" ] && echo 'E2E_*' || echo "Ch$${ch}_*"); \
+	  echo "== $$t --gtest_filter=$$filter"; $$t --gtest_filter="$$filter" --gtest_brief=1; done
+
+## sanitize: build everything with AddressSanitizer + UBSan (CPU only) in build-sanitize/ and run the tests
+sanitize:
+	$(MAKE) BUILD=build-sanitize SANITIZE=1 test
+
+## help: list the targets
+help:
+	@grep -E '^## ' $(MAKEFILE_LIST) | sed 's/^## /  make /'
+
+## clean: remove build outputs
+clean:
+	rm -rf $(BUILD) build-sanitize
+
+.PHONY: all test sanitize help clean
+
+# ---------------------------------------------------------------------------------------------------
+# Rules
+
+define chapter_test_rule
+$(BUILD)/test_ch$(1): $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_test_srcs,$(1))) $(call chapter_link_objs,$(1))
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ -lgtest -lgtest_main $$(LDLIBS)
+endef
+$(foreach c,$(CHAPTERS),$(eval $(call chapter_test_rule,$(c))))
+
+$(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(BUILD)/obj/01_sequence/llm_engine.cpp.o $(ALL_OBJS)
+	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest -lgtest_main $(LDLIBS)
+
+$(BUILD)/obj/%.cpp.o: %.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(TOKENIZER_DIR)/tokenizer.json: tests/data/qwen3-tokenizer/tokenizer.json.gz
+	@mkdir -p $(@D)
+	gzip -dc $< > $@
+
+$(TOKENIZER_DIR)/tokenizer_config.json: tests/data/qwen3-tokenizer/tokenizer_config.json
+	@mkdir -p $(@D)
+	cp $< $@
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
