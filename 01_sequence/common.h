@@ -4,6 +4,7 @@
 //   fail(...)       throw an Error whose message is the arguments streamed together
 //   ceil_div(a, b)  rounded-up integer division (blocks needed for n tokens)
 //   bf16 / fp16     conversions to and from float, bit-exact with PyTorch's
+//   data_dir()      build/data, where `make` unpacks the shipped tokenizer
 //
 // They live in chapter 01 because it is the lowest chapter that needs them (the JSON reader throws Error).
 #pragma once
@@ -28,6 +29,11 @@ template <class... Args>
   (message << ... << args);
   throw Error(message.str());
 }
+
+// The folder of data files that `make` prepares beside the binaries: <folder of this executable>/data, so
+// build/data for build/nanovllm and for the test binaries. The tokenizer is at data_dir() +
+// "/qwen3-tokenizer".
+std::string data_dir();
 
 template <class T>
 constexpr T ceil_div(T a, T b) {
