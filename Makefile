@@ -18,7 +18,7 @@ BUILD ?= build
 CXX      ?= g++
 CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++17 -Wall -Wextra -pthread -MMD -MP
-CPPFLAGS += -I.
+CPPFLAGS += -I. -DNANOVLLM_SOURCE_DIR='"$(CURDIR)"'  # tests find tests/data through it
 LDLIBS   += -pthread
 
 ifeq ($(SANITIZE),1)
@@ -122,7 +122,7 @@ $(BUILD)/test_ch$(1): $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_test_srcs,$(1
 endef
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_test_rule,$(c))))
 
-$(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(BUILD)/obj/01_sequence/llm_engine.cpp.o $(ALL_OBJS)
+$(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(filter-out %/main.cpp.o,$(ENTRY_OBJS)) $(ALL_OBJS)
 	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest -lgtest_main $(LDLIBS)
 
 $(BUILD)/obj/%.cpp.o: %.cpp

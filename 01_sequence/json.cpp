@@ -157,7 +157,17 @@ class JsonParser {
       if (ec == std::errc() && end == last) {
         number.int_ = v;
         number.is_int_ = true;
+        number.uint_ = uint64_t(v);
+        number.is_uint_ = v >= 0;
         number.number_ = double(v);
+        return number;
+      }
+      uint64_t u;  // above INT64_MAX: still exact as an unsigned 64-bit value (hashes are written so)
+      auto [uend, uec] = std::from_chars(first, last, u);
+      if (uec == std::errc() && uend == last) {
+        number.uint_ = u;
+        number.is_uint_ = true;
+        number.number_ = double(u);
         return number;
       }
     }
@@ -287,6 +297,12 @@ int64_t Json::as_int64() const {
   return int_;
 }
 
+uint64_t Json::as_uint64() const {
+  if (type_ != Type::Number) fail("expected an unsigned integer, got ", type_name(type_));
+  if (!is_uint_) fail("expected an unsigned 64-bit integer, got ", dump());
+  return uint_;
+}
+
 const std::string& Json::as_string() const {
   if (type_ != Type::String) fail("expected a string, got ", type_name(type_));
   return string_;
@@ -398,6 +414,9 @@ void Json::dump_to(std::string& out) const {
       char buffer[32];
       if (is_int_) {
         auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, int_);
+        out.append(buffer, end);
+      } else if (is_uint_) {
+        auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, uint_);
         out.append(buffer, end);
       } else if (!std::isfinite(number_)) {
         out += "null";

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <climits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,7 +28,8 @@ class Json {
   Json() = default;  // null
   Json(bool b) : type_(Type::Bool), bool_(b) {}
   Json(int v) : Json(int64_t(v)) {}
-  Json(int64_t v) : type_(Type::Number), number_(double(v)), int_(v), is_int_(true) {}
+  Json(int64_t v) : type_(Type::Number), number_(double(v)), int_(v), is_int_(true), uint_(uint64_t(v)), is_uint_(v >= 0) {}
+  Json(uint64_t v) : type_(Type::Number), number_(double(v)), int_(int64_t(v)), is_int_(v <= uint64_t(INT64_MAX)), uint_(v), is_uint_(true) {}
   Json(double v) : type_(Type::Number), number_(v) {}
   Json(std::string s) : type_(Type::String), string_(std::move(s)) {}
   Json(const char* s) : Json(std::string(s)) {}
@@ -50,6 +52,7 @@ class Json {
   bool as_bool() const;
   double as_double() const;
   int64_t as_int64() const;
+  uint64_t as_uint64() const;  // exact for every integer in [0, 2^64), e.g. a 64-bit hash
   const std::string& as_string() const;
   const std::vector<Json>& as_array() const;
   const std::vector<Member>& as_object() const;  // members in file order
@@ -75,6 +78,8 @@ class Json {
   double number_ = 0;
   int64_t int_ = 0;
   bool is_int_ = false;
+  uint64_t uint_ = 0;
+  bool is_uint_ = false;
   std::string string_;
   std::vector<Json> array_;
   std::vector<Member> object_;

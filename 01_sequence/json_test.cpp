@@ -49,8 +49,15 @@ TEST(Ch01_Json, Int64LimitsAreExact) {
   Json v = Json::parse("[9223372036854775807, -9223372036854775808, 9223372036854775808]", "t");
   EXPECT_EQ(v.as_array()[0].as_int64(), INT64_MAX);
   EXPECT_EQ(v.as_array()[1].as_int64(), INT64_MIN);
-  EXPECT_FALSE(v.as_array()[2].is_integer());  // one past the range becomes a double
+  EXPECT_FALSE(v.as_array()[2].is_integer());  // one past the int64 range...
+  EXPECT_EQ(v.as_array()[2].as_uint64(), 9223372036854775808ull);  // ...is still an exact uint64
   EXPECT_DOUBLE_EQ(v.as_array()[2].as_double(), 9223372036854775808.0);
+  Json u = Json::parse("[18446744073709551615, 18446744073709551616, -1]", "t");
+  EXPECT_EQ(u.as_array()[0].as_uint64(), UINT64_MAX);
+  EXPECT_EQ(u.as_array()[0].dump(), "18446744073709551615");
+  EXPECT_THROW(u.as_array()[1].as_uint64(), Error);  // beyond 64 bits: only a double
+  EXPECT_THROW(u.as_array()[2].as_uint64(), Error);
+  EXPECT_EQ(Json(uint64_t(1) << 63).dump(), "9223372036854775808");
 }
 
 TEST(Ch01_Json, StringEscapesAndSurrogatePairs) {

@@ -38,9 +38,13 @@ void print_usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
-    print_usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    std::fprintf(stderr, "error: no command given (try: nanovllm help)\n");
+    return 2;
+  }
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+    print_usage(stdout);
+    return 0;
   }
   for (const Command& c : commands()) {
     if (std::strcmp(argv[1], c.name) != 0) continue;

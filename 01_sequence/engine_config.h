@@ -1,0 +1,46 @@
+// engine_config.h: the engine's settings (nano-vllm: config.py), with nano-vllm's defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "01_sequence/common.h"
+
+namespace nanovllm {
+
+struct EngineConfig {
+  std::string model;                 // Hugging Face checkpoint folder
+  std::string device = "";           // "cpu" or "cuda"; "" = cuda when a GPU is present, else cpu
+  int max_num_batched_tokens = 16384;  // token budget of one prefill step
+  int max_num_seqs = 512;              // sequences per step, prefill and decode alike
+  int max_model_len = 4096;            // prompt + completion; clamped to the model's max positions
+  float gpu_memory_utilization = 0.9f; // share of GPU memory the engine may fill (KV cache included)
+  int tensor_parallel_size = 1;
+  bool enforce_eager = false;          // no CUDA graphs
+  int kvcache_block_size = 256;        // tokens per KV block; any multiple of 16 (nano-vllm: of 256)
+  // KV blocks to allocate. -1: as many as memory allows (nano-vllm always computes it and ignores a
+  // user value; a real override makes preemption reproducible in tests).
+  int num_kvcache_blocks = -1;
+  std::vector<int32_t> eos;          // end-of-sequence ids, from generation_config.json / config.json
+  uint64_t seed = 0;                 // the engine's seed; requests without one derive theirs from it
+  bool trace = false;                // print every scheduling decision to stderr
+
+  // Throws Error naming the first invalid setting.
+  void validate() const {
+    if (max_num_batched_tokens < 1) fail("max_num_batched_tokens must be >= 1, got ", max_num_batched_tokens);
+    if (max_num_seqs < 1) fail("max_num_seqs must be >= 1, got ", max_num_seqs);
+    if (max_model_len < 1) fail("max_model_len must be >= 1, got ", max_model_len);
+    if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
+      fail("gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
+    if (tensor_parallel_size < 1 || tensor_parallel_size > 8)
+      fail("tensor_parallel_size must be in [1, 8], got ", tensor_parallel_size);
+    if (kvcache_block_size < 16 || kvcache_block_size % 16 != 0)
+      fail("block size must be a positive multiple of 16, got ", kvcache_block_size);
+    if (num_kvcache_blocks == 0 || num_kvcache_blocks < -1)
+      fail("kv cache blocks must be >= 1, got ", num_kvcache_blocks);
+    if (device != "" && device != "cpu" && device != "cuda") fail("device must be cpu or cuda, got '", device, "'");
+  }
+};
+
+}  // namespace nanovllm

@@ -1,0 +1,65 @@
+// sequence.h: one request and everything the engine knows about it (nano-vllm: engine/sequence.py).
+//
+// Three counters drive the whole engine (article, "second stop"):
+//   num_tokens()          prompt + generated tokens so far (nano-vllm's len(seq))
+//   num_cached_tokens     tokens whose K/V are already in the paged cache: prefix-cache hits, chunks
+//                         computed in earlier steps, and everything before the last token in decode
+//   num_scheduled_tokens  tokens this step computes: [num_cached_tokens, num_cached_tokens + scheduled)
+// Prefix hits, chunked prefill, decode and recompute after preemption are all that one case.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "01_sequence/sampling_params.h"
+
+namespace nanovllm {
+
+enum class SequenceStatus { WAITING, RUNNING, FINISHED };
+
+class Sequence {
+ public:
+  // A new request: WAITING, nothing cached, no blocks. block_size is the engine's KV block size (passed
+  // in, not a global: nano-vllm's class attribute is how its tensor-parallel workers got it wrong).
+  Sequence(int64_t seq_id, std::vector<int32_t> prompt_token_ids, const SamplingParams& params,
+           uint64_t seed, int block_size);
+
+  int num_tokens() const { return int(token_ids.size()); }
+  int num_completion_tokens() const { return num_tokens() - num_prompt_tokens; }
+  bool is_finished() const { return status == SequenceStatus::FINISHED; }
+
+  // Blocks needed for all tokens so far: ceil(num_tokens / block_size).
+  int num_blocks() const { return ceil_div(num_tokens(), block_size); }
+  // Tokens in the last block, 1..block_size.
+  int last_block_num_tokens() const { return num_tokens() - (num_blocks() - 1) * block_size; }
+  // Token ids of logical block i (the last one may be partial): pointer and count.
+  const int32_t* block(int i) const { return token_ids.data() + size_t(i) * block_size; }
+  int block_len(int i) const { return i == num_blocks() - 1 ? last_block_num_tokens() : block_size; }
+
+  void append_token(int32_t token_id) {
+    token_ids.push_back(token_id);
+    last_token = token_id;
+  }
+  std::vector<int32_t> completion_token_ids() const {
+    return std::vector<int32_t>(token_ids.begin() + num_prompt_tokens, token_ids.end());
+  }
+
+  const int64_t seq_id;       // unique in this engine, increasing in order of arrival
+  SequenceStatus status = SequenceStatus::WAITING;
+  std::vector<int32_t> token_ids;  // (num_tokens,) prompt then completion
+  int32_t last_token;
+  const int num_prompt_tokens;
+  int num_cached_tokens = 0;
+  int num_scheduled_tokens = 0;
+  bool is_prefill = true;          // false once in a decode batch; true again after preemption
+  std::vector<int> block_table;    // (num_blocks,) physical KV block ids, in logical order
+  const SamplingParams params;
+  const uint64_t seed;             // this request's random stream (07_sampler)
+  const int block_size;
+
+  // Counters for readers (the article's first exercise prints the first one).
+  int num_prefix_hit_blocks = 0;  // blocks found in the prefix cache, over all (re)allocations
+  int num_preemptions = 0;
+};
+
+}  // namespace nanovllm

@@ -1,0 +1,70 @@
+// scheduler.h: which sequences run in the next step, and what happens after it (nano-vllm:
+// engine/scheduler.py; article, "third stop").
+//
+// Policy, exactly nano-vllm bb823b3's:
+//  - A step is all prefill or all decode, never mixed. Prefill goes first: while anything waits and fits,
+//    the step is a prefill step.
+//  - Prefill takes waiting sequences first come first served, up to max_num_seqs sequences and
+//    max_num_batched_tokens tokens. Only the first sequence of a step may be cut short (chunked); a later
+//    one that does not fit whole waits for the next step.
+//  - Decode advances every running sequence by one token. When the KV cache has no block for a sequence's
+//    next token, the most recently started running sequence is preempted: its blocks are released and it
+//    goes back to the front of the waiting queue, to be recomputed (its full blocks usually come back from
+//    the prefix cache).
+// Beyond nano-vllm: a request that could never run (longer than max_model_len, or needing more KV blocks
+// than exist) is refused by add() instead of crashing or deadlocking later.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "01_sequence/engine_config.h"
+#include "01_sequence/sequence.h"
+#include "03_block_manager/block_manager.h"
+
+namespace nanovllm {
+
+class Scheduler {
+ public:
+  // config.num_kvcache_blocks must be set (the model runner computes it from memory).
+  explicit Scheduler(const EngineConfig& config);
+
+  // Queues a new request. Throws Error if it can never be scheduled.
+  void add(Sequence* seq);
+  bool is_finished() const { return waiting_.empty() && running_.empty(); }
+
+  // Picks the next step's sequences and sets their num_scheduled_tokens. Returns them and whether the
+  // step is a prefill. Never returns an empty batch while work remains.
+  std::vector<Sequence*> schedule(bool* is_prefill);
+
+  // After the model ran: hashes newly full blocks, advances num_cached_tokens, appends each sampled
+  // token (none for a prefill chunk that has not reached the end of its prompt: that sample is
+  // discarded), and retires sequences that hit EOS or max_tokens, releasing their blocks.
+  void postprocess(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& token_ids, bool is_prefill);
+
+  const BlockManager& block_manager() const { return block_manager_; }
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const std::deque<Sequence*>& running() const { return running_; }
+
+  // Counters for readers and --trace.
+  int64_t num_preemptions() const { return num_preemptions_; }
+  int64_t num_chunked_prefills() const { return num_chunked_prefills_; }  // chunks that left a remainder
+
+ private:
+  void preempt(Sequence* seq);
+  bool is_eos(int32_t token_id) const;
+
+  int max_num_seqs_;
+  int max_num_batched_tokens_;
+  int max_model_len_;
+  int block_size_;
+  std::vector<int32_t> eos_;
+  BlockManager block_manager_;
+  std::deque<Sequence*> waiting_;  // not yet (fully) prefilled, or preempted; front is scheduled first
+  std::deque<Sequence*> running_;  // prefilled, decoding; back is the most recently started
+  int64_t num_preemptions_ = 0;
+  int64_t num_chunked_prefills_ = 0;
+};
+
+}  // namespace nanovllm

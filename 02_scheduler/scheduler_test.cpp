@@ -1,0 +1,399 @@
+// Scheduler tests. A fake model stands in for the GPU: it keeps a "KV cache" that stores, in each slot,
+// the token id whose K/V would be there. Every step it writes the scheduled tokens through the block
+// table and then reads back the whole context, so any wrong prefix hit, shared block overwritten, or stale
+// block table shows up as a mismatch. Its next token is a hash of the tokens so far, a deterministic
+// "greedy model": outputs must not depend on batching, chunking or preemption.
+#include "02_scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <random>
+
+using namespace nanovllm;
+
+namespace {
+
+constexpr int kVocab = 1000;
+
+class FakeModel {
+ public:
+  FakeModel(int num_blocks, int block_size) : kv_(size_t(num_blocks) * block_size, -1), block_size_(block_size) {}
+
+  // The next token of a sequence whose tokens are `tokens`: a hash of all of them.
+  static int32_t next_token(const std::vector<int32_t>& tokens, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ uint64_t(tokens[i])) * 1099511628211ull;
+    return int32_t(h % kVocab);
+  }
+
+  std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill) {
+    std::vector<int32_t> out;
+    for (Sequence* seq : seqs) {
+      int start = seq->num_cached_tokens, end = start + seq->num_scheduled_tokens;
+      EXPECT_GT(seq->num_scheduled_tokens, 0);
+      if (!is_prefill) {
+        EXPECT_EQ(seq->num_scheduled_tokens, 1);
+      }
+      EXPECT_EQ(end <= seq->num_tokens(), true);
+      EXPECT_GE(int(seq->block_table.size()) * block_size_, end) << "block table too short";
+      for (int pos = start; pos < end; pos++) kv_[slot(*seq, pos)] = seq->token_ids[pos];  // store
+      for (int pos = 0; pos < end; pos++) {  // attention reads the whole context
+        if (kv_[slot(*seq, pos)] != seq->token_ids[pos]) {
+          ADD_FAILURE() << "seq " << seq->seq_id << " position " << pos << ": cache holds "
+                        << kv_[slot(*seq, pos)] << ", expected " << seq->token_ids[pos];
+          break;
+        }
+      }
+      out.push_back(next_token(seq->token_ids, size_t(end)));
+    }
+    return out;
+  }
+
+ private:
+  size_t slot(const Sequence& seq, int pos) const {
+    return size_t(seq.block_table[pos / block_size_]) * block_size_ + pos % block_size_;
+  }
+  std::vector<int32_t> kv_;
+  int block_size_;
+};
+
+struct RunResult {
+  std::vector<std::vector<int32_t>> outputs;  // completion ids per request, in request order
+  int64_t preemptions = 0, chunked = 0, hit_blocks = 0, steps = 0;
+};
+
+EngineConfig small_config(int num_blocks, int block_size = 16, int budget = 16384, int max_seqs = 512) {
+  EngineConfig c;
+  c.num_kvcache_blocks = num_blocks;
+  c.kvcache_block_size = block_size;
+  c.max_num_batched_tokens = budget;
+  c.max_num_seqs = max_seqs;
+  c.max_model_len = 1 << 20;
+  c.eos = {7};
+  return c;
+}
+
+// Drives requests to completion as LLMEngine::generate does, checking per-step invariants.
+RunResult run_all(const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
+            const std::vector<SamplingParams>& params) {
+  Scheduler scheduler(config);
+  FakeModel model(config.num_kvcache_blocks, config.kvcache_block_size);
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (size_t i = 0; i < prompts.size(); i++) {
+    seqs.push_back(std::make_unique<Sequence>(int64_t(i), prompts[i], params[i], 0, config.kvcache_block_size));
+    scheduler.add(seqs.back().get());
+  }
+  RunResult run;
+  while (!scheduler.is_finished()) {
+    bool is_prefill;
+    std::vector<Sequence*> batch = scheduler.schedule(&is_prefill);
+    EXPECT_FALSE(batch.empty());
+    EXPECT_LE(int(batch.size()), config.max_num_seqs);
+    int tokens = 0;
+    for (Sequence* s : batch) tokens += s->num_scheduled_tokens;
+    if (is_prefill) {
+      EXPECT_LE(tokens, config.max_num_batched_tokens);
+    }
+    scheduler.postprocess(batch, model.run(batch, is_prefill), is_prefill);
+    if (++run.steps > 1000000) {
+      ADD_FAILURE() << "no progress";
+      break;
+    }
+  }
+  EXPECT_EQ(scheduler.block_manager().num_free_blocks(), config.num_kvcache_blocks) << "blocks leaked";
+  for (auto& s : seqs) {
+    EXPECT_TRUE(s->is_finished());
+    EXPECT_TRUE(s->block_table.empty());
+    run.outputs.push_back(s->completion_token_ids());
+  }
+  run.preemptions = scheduler.num_preemptions();
+  run.chunked = scheduler.num_chunked_prefills();
+  run.hit_blocks = scheduler.block_manager().total_hit_blocks();
+  return run;
+}
+
+std::vector<int32_t> tokens(int n, int32_t start) {
+  std::vector<int32_t> v(size_t(n), 0);
+  std::iota(v.begin(), v.end(), start);
+  for (auto& t : v) t = 10 + t % 900;  // avoid the EOS id 7
+  return v;
+}
+
+SamplingParams params(int max_tokens, bool ignore_eos = true) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = ignore_eos;
+  return p;
+}
+
+// The reference: what a deterministic model would generate, one token at a time, no engine at all.
+std::vector<int32_t> reference_output(std::vector<int32_t> t, const SamplingParams& p, int32_t eos) {
+  std::vector<int32_t> out;
+  while (int(out.size()) < p.max_tokens) {
+    int32_t next = FakeModel::next_token(t, t.size());
+    t.push_back(next);
+    out.push_back(next);
+    if (!p.ignore_eos && next == eos) break;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Ch02_Scheduler, PrefillFirstFcfsAndMaxNumSeqs) {
+  EngineConfig c = small_config(100, 16, 16384, 2);
+  Scheduler s(c);
+  Sequence a(0, tokens(20, 0), params(3), 0, 16), b(1, tokens(20, 100), params(3), 0, 16),
+      d(2, tokens(20, 200), params(3), 0, 16);
+  s.add(&a), s.add(&b), s.add(&d);
+  bool is_prefill;
+  auto batch = s.schedule(&is_prefill);
+  EXPECT_TRUE(is_prefill);
+  ASSERT_EQ(batch.size(), 2u);  // max_num_seqs caps prefill too
+  EXPECT_EQ(batch[0], &a);
+  EXPECT_EQ(batch[1], &b);
+  s.postprocess(batch, {11, 12}, true);
+  batch = s.schedule(&is_prefill);  // d still waits: prefill again, before any decode
+  EXPECT_TRUE(is_prefill);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0], &d);
+  s.postprocess(batch, {13}, true);
+  batch = s.schedule(&is_prefill);  // nothing waits: decode, 2 at a time, in arrival order
+  EXPECT_FALSE(is_prefill);
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(batch[0], &a);
+  EXPECT_EQ(batch[1], &b);
+  EXPECT_EQ(a.num_scheduled_tokens, 1);
+  EXPECT_FALSE(a.is_prefill);
+}
+
+TEST(Ch02_Scheduler, OnlyTheFirstSequenceIsChunked) {
+  EngineConfig c = small_config(100, 16, 50);
+  Scheduler s(c);
+  Sequence a(0, tokens(120, 0), params(2), 0, 16), b(1, tokens(30, 500), params(2), 0, 16);
+  s.add(&a), s.add(&b);
+  bool is_prefill;
+  auto batch = s.schedule(&is_prefill);
+  ASSERT_EQ(batch.size(), 1u);  // a is cut to the budget, b waits even though 0 budget remains
+  EXPECT_EQ(a.num_scheduled_tokens, 50);
+  EXPECT_EQ(a.status, SequenceStatus::WAITING);
+  EXPECT_EQ(a.block_table.size(), 8u);  // all its blocks at once, though only a chunk is computed
+  s.postprocess(batch, {99}, true);
+  EXPECT_EQ(a.num_cached_tokens, 50);
+  EXPECT_EQ(a.num_tokens(), 120);  // the chunk's sample was discarded
+  batch = s.schedule(&is_prefill);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(a.num_scheduled_tokens, 50);
+  s.postprocess(batch, {99}, true);
+  batch = s.schedule(&is_prefill);  // a's last 20 tokens fit, and b (30) fits in the remaining 30
+  ASSERT_EQ(batch.size(), 2u);
+  EXPECT_EQ(a.num_scheduled_tokens, 20);
+  EXPECT_EQ(b.num_scheduled_tokens, 30);
+  s.postprocess(batch, {21, 22}, true);
+  EXPECT_EQ(a.completion_token_ids(), std::vector<int32_t>{21});
+  EXPECT_EQ(s.num_chunked_prefills(), 2);
+}
+
+TEST(Ch02_Scheduler, SecondSequenceThatDoesNotFitWaits) {
+  EngineConfig c = small_config(100, 16, 40);
+  Scheduler s(c);
+  Sequence a(0, tokens(30, 0), params(2), 0, 16), b(1, tokens(30, 500), params(2), 0, 16);
+  s.add(&a), s.add(&b);
+  bool is_prefill;
+  auto batch = s.schedule(&is_prefill);
+  ASSERT_EQ(batch.size(), 1u);  // b would need chunking, and only the first may be chunked
+  EXPECT_TRUE(b.block_table.empty());  // nothing allocated for it
+}
+
+TEST(Ch02_Scheduler, PreemptsTheNewestRunningSequenceAndRecomputes) {
+  // 4 blocks of 16. a (32 tokens) and b (20) take 2 blocks each. After prefill a holds 33 tokens, so its
+  // next decode needs a 3rd block: b, the newest running sequence, is preempted and goes to the front of
+  // the waiting queue.
+  EngineConfig c = small_config(4, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(32, 0), params(5), 0, 16), b(1, tokens(20, 300), params(5), 0, 16);
+  s.add(&a), s.add(&b);
+  FakeModel m(4, 16);
+  bool is_prefill;
+  auto batch = s.schedule(&is_prefill);
+  ASSERT_EQ(batch.size(), 2u);
+  s.postprocess(batch, m.run(batch, true), true);
+  batch = s.schedule(&is_prefill);
+  EXPECT_FALSE(is_prefill);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0], &a);
+  EXPECT_EQ(b.status, SequenceStatus::WAITING);
+  EXPECT_TRUE(b.block_table.empty());
+  EXPECT_EQ(b.num_cached_tokens, 0);
+  EXPECT_EQ(b.num_tokens(), 21);  // keeps its generated token
+  EXPECT_EQ(s.waiting().front(), &b);
+  EXPECT_EQ(s.num_preemptions(), 1);
+  EXPECT_EQ(b.num_preemptions, 1);
+  s.postprocess(batch, m.run(batch, false), false);
+  // b's tail block went to a; its first block is free but still cached. b needs 2 blocks (1 of them the
+  // cached one) and only 1 is free, so it waits until a finishes, then comes back through prefill with a
+  // prefix hit and recomputes only its last 5 tokens.
+  while (true) {
+    batch = s.schedule(&is_prefill);
+    if (is_prefill) break;
+    s.postprocess(batch, m.run(batch, false), false);
+  }
+  EXPECT_TRUE(a.is_finished());
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0], &b);
+  EXPECT_EQ(b.num_prefix_hit_blocks, 1);
+  EXPECT_EQ(b.num_cached_tokens, 16);
+  EXPECT_EQ(b.num_scheduled_tokens, 5);
+}
+
+TEST(Ch02_Scheduler, DecodePreemptsItselfWhenAlone) {
+  // Only one running sequence and no free block: it preempts itself, and the step decodes nothing for it.
+  EngineConfig c = small_config(3, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(32, 0), params(2), 0, 16), b(1, tokens(16, 300), params(2), 0, 16);
+  s.add(&a), s.add(&b);
+  FakeModel m(3, 16);
+  bool is_prefill;
+  auto batch = s.schedule(&is_prefill);  // both fit: a 2 blocks, b 1 block
+  ASSERT_EQ(batch.size(), 2u);
+  s.postprocess(batch, m.run(batch, true), true);
+  batch = s.schedule(&is_prefill);  // a (33 tokens) needs a block: preempt b; b (17) then needs one too
+  EXPECT_FALSE(is_prefill);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0], &a);
+  EXPECT_EQ(s.waiting().front(), &b);
+}
+
+TEST(Ch02_Scheduler, FullPrefixHitStillComputesTheLastBlock) {
+  // Regression (nano-vllm #144): an identical block-aligned prompt must not be a 100% hit.
+  EngineConfig c = small_config(20, 16);
+  std::vector<std::vector<int32_t>> prompts = {tokens(64, 0), tokens(64, 0)};
+  std::vector<SamplingParams> ps = {params(3), params(3)};
+  Scheduler s(c);
+  Sequence a(0, prompts[0], ps[0], 0, 16), b(1, prompts[1], ps[1], 0, 16);
+  FakeModel m(20, 16);
+  s.add(&a);
+  bool is_prefill;
+  auto batch = s.schedule(&is_prefill);
+  s.postprocess(batch, m.run(batch, true), true);
+  s.add(&b);
+  batch = s.schedule(&is_prefill);
+  ASSERT_TRUE(is_prefill);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(b.num_prefix_hit_blocks, 3);
+  EXPECT_EQ(b.num_scheduled_tokens, 16);
+  s.postprocess(batch, m.run(batch, true), true);
+  EXPECT_EQ(b.completion_token_ids(), a.completion_token_ids());
+}
+
+TEST(Ch02_Scheduler, RefusesRequestsThatCanNeverRun) {
+  EngineConfig c = small_config(4, 16);
+  c.max_model_len = 100;
+  Scheduler s(c);
+  Sequence too_long(0, tokens(90, 0), params(20), 0, 16);
+  try {
+    s.add(&too_long);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "request 0: prompt (90 tokens) + max_tokens (20) exceeds max_model_len (100)");
+  }
+  Sequence too_big(1, tokens(60, 0), params(10), 0, 16);  // 69 KV slots -> 5 blocks > 4
+  try {
+    s.add(&too_big);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "request 1: needs 5 KV blocks of 16 tokens but the cache has only 4");
+  }
+  Sequence just_fits(2, tokens(60, 0), params(5), 0, 16);  // 64 slots -> 4 blocks: accepted and runs
+  s.add(&just_fits);
+  EXPECT_EQ(s.waiting().size(), 1u);
+}
+
+TEST(Ch02_Scheduler, RequestUsingTheWholeCacheRunsToCompletion) {
+  // nano-vllm #274 crashed here (assert scheduled_seqs) once the cache filled; now it must finish.
+  EngineConfig c = small_config(4, 16);
+  // Each request needs all 4 blocks by its end; two prefill together and the decode must preempt.
+  std::vector<std::vector<int32_t>> prompts = {tokens(20, 0), tokens(20, 100), tokens(30, 200)};
+  std::vector<SamplingParams> ps = {params(40), params(40), params(30)};
+  RunResult r = run_all(c, prompts, ps);
+  for (size_t i = 0; i < prompts.size(); i++) EXPECT_EQ(r.outputs[i], reference_output(prompts[i], ps[i], 7));
+  EXPECT_GT(r.preemptions, 0);
+}
+
+TEST(Ch02_Scheduler, EosFinishesUnlessIgnored) {
+  // Find a prompt whose first generated token is the EOS id 7, by search over the fake model.
+  std::vector<int32_t> prompt;
+  for (int32_t x = 0;; x++) {
+    prompt = {11, 12, 10 + x};
+    if (FakeModel::next_token(prompt, prompt.size()) == 7) break;
+  }
+  EngineConfig c = small_config(10, 16);
+  RunResult r = run_all(c, {prompt, prompt}, {params(5, false), params(5, true)});
+  EXPECT_EQ(r.outputs[0], std::vector<int32_t>{7});  // EOS is kept and counted, as nano-vllm does
+  EXPECT_EQ(r.outputs[1].size(), 5u);
+  EXPECT_EQ(r.outputs[1][0], 7);
+}
+
+TEST(Ch02_Scheduler, ChunkingAndPreemptionTogetherKeepCountersRight) {
+  // Nano-vllm #207-#213: chunked prefill mixed with prefix hits and preemption broke its counters. Long
+  // prompts sharing a prefix, a tight budget and a tiny cache exercise all three; the fake model's KV
+  // check fails on any counter that drifts.
+  EngineConfig c = small_config(12, 16, 24);
+  std::vector<int32_t> shared = tokens(40, 0);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> ps;
+  for (int i = 0; i < 6; i++) {
+    std::vector<int32_t> p = shared;
+    std::vector<int32_t> tail = tokens(10 + 7 * i, 300 + 50 * i);
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(p);
+    ps.push_back(params(20 + 9 * i));
+  }
+  RunResult r = run_all(c, prompts, ps);
+  for (size_t i = 0; i < prompts.size(); i++) EXPECT_EQ(r.outputs[i], reference_output(prompts[i], ps[i], 7));
+  EXPECT_GT(r.preemptions, 0);
+  EXPECT_GT(r.chunked, 0);
+  EXPECT_GT(r.hit_blocks, 0);
+}
+
+TEST(Ch02_Scheduler, RandomizedSoak) {
+  // Thousands of requests of random lengths against a small pool, in several engine shapes. Every
+  // request must finish with exactly max_tokens, produce what the model alone would, and leave every
+  // block free.
+  std::mt19937 rng(12345);
+  struct Shape { int blocks, block_size, budget, max_seqs; };
+  const Shape shapes[] = {{40, 16, 64, 8}, {24, 16, 200, 32}, {60, 32, 100, 16}, {200, 16, 1000, 64}};
+  int total_requests = 0;
+  int64_t total_preemptions = 0, total_chunks = 0, total_hits = 0;
+  for (const Shape& shape : shapes) {
+    EngineConfig c = small_config(shape.blocks, shape.block_size, shape.budget, shape.max_seqs);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> ps;
+    std::vector<int32_t> common = tokens(3 * shape.block_size, 0);  // a shared system prompt
+    for (int i = 0; i < 600; i++) {
+      std::vector<int32_t> p;
+      if (rng() % 3 == 0) p = common;
+      int extra = 1 + int(rng() % (6 * shape.block_size));
+      for (int k = 0; k < extra; k++) p.push_back(10 + int32_t(rng() % 900));
+      int max_tokens = 1 + int(rng() % 40);
+      // Keep within what add() accepts for this pool.
+      while (ceil_div(int(p.size()) + max_tokens - 1, shape.block_size) > shape.blocks) p.pop_back();
+      prompts.push_back(p);
+      ps.push_back(params(max_tokens));
+    }
+    RunResult r = run_all(c, prompts, ps);
+    for (size_t i = 0; i < prompts.size(); i++) {
+      ASSERT_EQ(int(r.outputs[i].size()), ps[i].max_tokens) << "request " << i;
+      ASSERT_EQ(r.outputs[i], reference_output(prompts[i], ps[i], 7)) << "request " << i;
+    }
+    total_requests += int(prompts.size());
+    total_preemptions += r.preemptions, total_chunks += r.chunked, total_hits += r.hit_blocks;
+  }
+  EXPECT_EQ(total_requests, 2400);
+  // The soak is only worth something if it reached the hard paths.
+  EXPECT_GT(total_preemptions, 100);
+  EXPECT_GT(total_chunks, 100);
+  EXPECT_GT(total_hits, 100);
+}

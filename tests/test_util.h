@@ -1,0 +1,67 @@
+// test_util.h: small helpers shared by the test files.
+#pragma once
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "01_sequence/common.h"
+#include "01_sequence/json.h"
+
+namespace nanovllm::test {
+
+// Path of a file under tests/data/ in the source tree.
+inline std::string data_path(const std::string& relative) {
+  return std::string(NANOVLLM_SOURCE_DIR) + "/tests/data/" + relative;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open ", path);
+  std::ostringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+inline Json read_json(const std::string& path) { return Json::parse(read_file(path), path); }
+
+}  // namespace nanovllm::test
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+namespace nanovllm::test {
+
+// build/nanovllm, beside the running test binary.
+inline std::string nanovllm_binary() { return data_dir() + "/../nanovllm"; }
+
+struct CommandResult {
+  int exit_code;
+  std::string out, err;
+};
+
+// Runs `build/nanovllm <args>` through the shell with `input` on stdin; captures stdout and stderr.
+// `args` is pasted into a shell command line: quote what needs quoting.
+inline CommandResult run_nanovllm(const std::string& args, const std::string& input = "") {
+  char dir_template[] = "/tmp/nanovllm-test-XXXXXX";
+  std::string dir = mkdtemp(dir_template);
+  {
+    std::ofstream in(dir + "/in");
+    in << input;
+  }
+  std::string command = nanovllm_binary() + " " + args + " <" + dir + "/in >" + dir + "/out 2>" + dir + "/err";
+  int status = std::system(command.c_str());
+  CommandResult result{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status),
+                       read_file(dir + "/out"), read_file(dir + "/err")};
+  std::system(("rm -rf " + dir).c_str());
+  return result;
+}
+
+// True when `err` is exactly one line starting "error: " (the command line's error contract).
+inline bool is_one_error_line(const std::string& err) {
+  return err.rfind("error: ", 0) == 0 && err.find('\n') == err.size() - 1;
+}
+
+}  // namespace nanovllm::test
