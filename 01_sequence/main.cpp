@@ -21,8 +21,26 @@ struct Command {
   const char* usage;
 };
 
+// Flags every engine command takes (DESIGN.md "engine options").
+const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs", "max-num-batched-tokens",
+                                               "max-model-len", "gpu-memory-utilization", "block-size",
+                                               "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer"};
+const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace"};
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
+      {"generate", nanovllm::cmd_generate,
+       plus(kEngineFlags, {"prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p"}),
+       plus(kEngineSwitches, {"chat", "ignore-eos", "json"}),
+       "generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [--chat] [--max-tokens N] [--temperature T] "
+       "[--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]"},
+      {"logits", nanovllm::cmd_logits, plus(kEngineFlags, {"prompt-ids"}), kEngineSwitches,
+       "logits --model DIR [--device cpu|cuda] --prompt-ids 1,2,3   -> the vocabulary logits after the last token"},
       {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},
        "hash-blocks [--block-size N]   stdin: JSON Lines of token-id arrays -> the chained xxh64 of each "
        "full block"},
@@ -33,6 +51,10 @@ const std::vector<Command>& commands() {
 void print_usage(FILE* out) {
   std::fprintf(out, "usage: nanovllm COMMAND [flags]\n\ncommands:\n");
   for (const Command& c : commands()) std::fprintf(out, "  %s\n", c.usage);
+  std::fprintf(out,
+               "\nengine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
+               "                --gpu-memory-utilization F --block-size N (multiple of 16) --kv-cache-blocks N\n"
+               "                --enforce-eager --tensor-parallel-size N --seed S --trace\n");
 }
 
 }  // namespace

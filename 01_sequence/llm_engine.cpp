@@ -1,0 +1,130 @@
+// llm_engine.cpp
+#include "01_sequence/llm_engine.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "02_scheduler/scheduler.h"
+#include "04_model_runner/model_runner.h"
+#include "07_sampler/sampler.h"
+
+namespace nanovllm {
+
+LLMEngine::LLMEngine(EngineConfig config) : config_(std::move(config)) {
+  config_.validate();
+  model_runner_ = std::make_unique<ModelRunner>(config_);  // sets num_kvcache_blocks, eos, max_model_len
+  scheduler_ = std::make_unique<Scheduler>(config_);
+}
+
+LLMEngine::~LLMEngine() = default;
+
+int LLMEngine::vocab_size() const { return model_runner_->model_config().vocab_size; }
+
+bool LLMEngine::is_finished() const { return scheduler_->is_finished(); }
+
+int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
+  const int64_t id = next_seq_id_;
+  for (int32_t t : prompt)
+    if (t < 0 || t >= vocab_size())
+      fail("request ", id, ": token id ", t, " is outside the vocabulary [0, ", vocab_size(), ")");
+  // A request without a seed gets one derived from the engine's seed and its id: reproducible, and
+  // different for every request.
+  uint64_t seed = params.seed ? *params.seed : mix64(config_.seed ^ mix64(uint64_t(id)));
+  auto seq = std::make_unique<Sequence>(id, std::move(prompt), params, seed, config_.kvcache_block_size);
+  scheduler_->add(seq.get());
+  next_seq_id_++;
+  sequences_[id] = std::move(seq);
+  return id;
+}
+
+std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>* logits) {
+  const int64_t preemptions_before = scheduler_->num_preemptions();
+  auto t0 = std::chrono::steady_clock::now();
+  bool is_prefill;
+  std::vector<Sequence*> seqs = scheduler_->schedule(&is_prefill);
+  int scheduled_tokens = 0;
+  for (const Sequence* s : seqs) scheduled_tokens += s->num_scheduled_tokens;
+  std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before) : "";
+
+  std::vector<int32_t> tokens = model_runner_->run(seqs, is_prefill, logits);
+  scheduler_->postprocess(seqs, tokens, is_prefill);
+
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.steps++;
+  if (is_prefill) {
+    stats_.prefill_steps++, stats_.prefill_tokens += scheduled_tokens, stats_.prefill_seconds += seconds;
+  } else {
+    stats_.decode_steps++, stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
+  }
+  if (!trace.empty()) std::fprintf(stderr, "%s\n", trace.c_str());
+
+  std::vector<GenerateOutput> finished;
+  for (Sequence* s : seqs) {
+    if (!s->is_finished()) continue;
+    GenerateOutput out;
+    out.seq_id = s->seq_id;
+    out.prompt_token_ids.assign(s->token_ids.begin(), s->token_ids.begin() + s->num_prompt_tokens);
+    out.token_ids = s->completion_token_ids();
+    out.num_prefix_hit_blocks = s->num_prefix_hit_blocks;
+    out.num_preemptions = s->num_preemptions;
+    finished.push_back(std::move(out));
+    sequences_.erase(s->seq_id);
+  }
+  if (num_tokens) *num_tokens = is_prefill ? scheduled_tokens : -int(seqs.size());
+  return finished;
+}
+
+std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_prefill,
+                                  int64_t preemptions_before) const {
+  // Called after schedule(), before the step runs: counters still show what this step will compute.
+  std::ostringstream line;
+  int tokens = 0;
+  for (const Sequence* s : seqs) tokens += s->num_scheduled_tokens;
+  line << "[step " << stats_.steps + 1 << "] " << (is_prefill ? "prefill" : "decode") << ": " << seqs.size()
+       << " seqs, " << tokens << " tokens";
+  if (is_prefill) {
+    line << " |";
+    for (const Sequence* s : seqs) {
+      line << " seq " << s->seq_id << " [" << s->num_cached_tokens << ", " << s->num_cached_tokens + s->num_scheduled_tokens
+           << ")";
+      if (s->num_cached_tokens + s->num_scheduled_tokens < s->num_tokens()) line << " chunk of " << s->num_tokens();
+      if (s->num_prefix_hit_blocks > 0) line << " prefix-hit " << s->num_prefix_hit_blocks << " blocks";
+      line << ";";
+    }
+  }
+  int64_t preempted = scheduler_->num_preemptions() - preemptions_before;
+  if (preempted > 0) line << " | preempted " << preempted << " (to the front of the waiting queue)";
+  line << " | free blocks " << scheduler_->block_manager().num_free_blocks() << "/"
+       << scheduler_->block_manager().num_blocks();
+  return line.str();
+}
+
+std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                                const std::vector<SamplingParams>& params, bool progress) {
+  if (params.size() != 1 && params.size() != prompts.size())
+    fail("generate: ", params.size(), " sampling params for ", prompts.size(), " prompts");
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < prompts.size(); i++) ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
+
+  std::map<int64_t, GenerateOutput> done;
+  const bool draw = progress && isatty(STDERR_FILENO);
+  while (!is_finished()) {
+    auto t0 = std::chrono::steady_clock::now();
+    int num_tokens = 0;
+    for (GenerateOutput& out : step(&num_tokens)) done[out.seq_id] = std::move(out);
+    if (draw) {
+      // nano-vllm's tqdm postfix: instantaneous rates of this step, scheduling time included.
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "\rGenerating: %zu/%zu [%s: %d tok/s]   ", done.size(), prompts.size(),
+                   num_tokens > 0 ? "Prefill" : "Decode", int((num_tokens > 0 ? num_tokens : -num_tokens) / dt));
+    }
+  }
+  if (draw) std::fprintf(stderr, "\n");
+  std::vector<GenerateOutput> outputs;
+  for (int64_t id : ids) outputs.push_back(std::move(done.at(id)));
+  return outputs;
+}
+
+}  // namespace nanovllm

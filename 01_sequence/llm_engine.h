@@ -1,0 +1,82 @@
+// llm_engine.h: the entry of the engine (nano-vllm: engine/llm_engine.py, llm.py; article, "first
+// stop"). generate() queues every prompt and calls step() until all are done; each step is
+//
+//   seqs = scheduler.schedule()           which sequences, prefill or decode (02_scheduler)
+//   tokens = model_runner.run(seqs)       one forward pass and a sample each (04_model_runner)
+//   scheduler.postprocess(seqs, tokens)   append tokens, retire finished sequences
+//
+// This file sits in chapter 01 because a reader starts here, but it calls every other chapter: the
+// Makefile links it last.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "01_sequence/engine_config.h"
+#include "01_sequence/sequence.h"
+
+namespace nanovllm {
+
+class ModelRunner;
+class Scheduler;
+
+struct GenerateOutput {
+  int64_t seq_id;
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<int32_t> token_ids;  // the completion, EOS included when it ended the sequence
+  int num_prefix_hit_blocks = 0;   // blocks of this request found in the prefix cache
+  int num_preemptions = 0;
+};
+
+// Totals over the engine's life, for the progress line, --trace and benchmarks.
+struct EngineStats {
+  int64_t steps = 0, prefill_steps = 0, decode_steps = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+class LLMEngine {
+ public:
+  // Loads the model (the runner sizes the KV cache), then builds the scheduler over that cache.
+  explicit LLMEngine(EngineConfig config);
+  ~LLMEngine();
+
+  // Queues a request; returns its seq_id. Throws Error for an empty prompt, a token id outside the
+  // vocabulary, invalid sampling parameters, or a request that can never fit (see Scheduler::add).
+  int64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params);
+  bool is_finished() const;
+
+  // One engine step. Returns the requests that finished in it. *num_tokens is nano-vllm's signed count:
+  // tokens computed if this was a prefill step, minus the number of sequences if a decode step.
+  // `logits`, if given, receives the (sequences, vocab) logits the step sampled from.
+  std::vector<GenerateOutput> step(int* num_tokens = nullptr, std::vector<float>* logits = nullptr);
+
+  // Runs prompts to completion; outputs in prompt order. params has one entry per prompt, or one for all.
+  // progress: redraw a one-line progress bar on stderr (as nano-vllm's tqdm bar).
+  std::vector<GenerateOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                       const std::vector<SamplingParams>& params, bool progress = false);
+
+  const EngineConfig& config() const { return config_; }
+  const EngineStats& stats() const { return stats_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+  ModelRunner& model_runner() { return *model_runner_; }
+  int vocab_size() const;
+
+ private:
+  std::string trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before) const;
+
+  EngineConfig config_;
+  std::unique_ptr<ModelRunner> model_runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<int64_t, std::unique_ptr<Sequence>> sequences_;  // requests not yet returned
+  int64_t next_seq_id_ = 0;
+  EngineStats stats_;
+};
+
+// nano-vllm's `class LLM(LLMEngine): pass`.
+using LLM = LLMEngine;
+
+}  // namespace nanovllm

@@ -1,0 +1,81 @@
+// backend.h: the small set of operations the Qwen3 model is written against. The model is written once;
+// a Backend runs it on the CPU (fp32 everywhere: the readable reference and the test oracle) or on a
+// CUDA GPU (bf16 weights, activations and KV cache; fp32 arithmetic).
+//
+// Every Tensor passed in lives on the backend's device. "act" below means the backend's activation dtype
+// (F32 on the CPU, BF16 on the GPU), "weight" its weight dtype (the same).
+#pragma once
+
+#include <memory>
+
+#include "04_model_runner/tensor.h"
+#include "05_attention/attention.h"
+#include "07_sampler/sampler.h"
+
+namespace nanovllm {
+
+// nano-vllm's Context: what attention needs to know about this step, in device memory.
+struct AttentionMetadata {
+  bool is_prefill = false;
+  int num_seqs = 0;
+  Tensor slot_mapping;  // (num_tokens,) i32: cache slot of each new token, -1 = skip
+  Tensor block_tables;  // (num_seqs, width) i32: physical blocks of each sequence, -1 padded
+  // Prefill only:
+  Tensor cu_seqlens_q;  // (num_seqs + 1,) i32: query rows of sequence b are [cu_q[b], cu_q[b+1])
+  Tensor cu_seqlens_k;  // (num_seqs + 1,) i32: sequence b attends to cu_k[b+1] - cu_k[b] keys
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  // Decode only:
+  Tensor context_lens;  // (num_seqs,) i32: keys to attend to, the current token's included; 0 = padding
+  int max_context_len = 0;  // an upper bound, for sizing the work
+};
+
+struct HeadLayout {
+  int num_heads, num_kv_heads, head_dim;
+  int q_dim() const { return num_heads * head_dim; }
+  int kv_dim() const { return num_kv_heads * head_dim; }
+  int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual DType act_dtype() const = 0;
+  DType weight_dtype() const { return act_dtype(); }
+
+  // Host <-> device copies of a whole tensor.
+  virtual void upload(const Tensor& dst, const void* host) = 0;
+  virtual void download(void* host, const Tensor& src) = 0;
+  // Waits for queued work (a no-op on the CPU).
+  virtual void synchronize() {}
+
+  // out (n, hidden) act = table (vocab_part, hidden) weight rows of ids (n,) i32, offset by vocab_start.
+  virtual void embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) = 0;
+  // out (n, hidden) act = rmsnorm(x) * weight (hidden,).
+  virtual void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps) = 0;
+  // residual (n, hidden) += x; out = rmsnorm(residual) * weight.
+  virtual void add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& x, const Tensor& weight,
+                           float eps) = 0;
+  // out (n, out_features) act or F32 = x (n, in_features) act @ weight (out_features, in_features)^T.
+  virtual void linear(const Tensor& out, const Tensor& x, const Tensor& weight) = 0;
+  // In place on qkv (n, qkv_dim): per-head RMSNorm of q and k, then RoPE at positions (n,) i32, using
+  // cos/sin tables (max_positions, head_dim / 2) F32.
+  virtual void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
+                            const Tensor& cos, const Tensor& sin, const HeadLayout& heads, float eps) = 0;
+  // Writes the k and v parts of qkv (n, qkv_dim) into one layer's cache (num_blocks, block_size, kv_dim).
+  virtual void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
+                             const Tensor& slot_mapping, const HeadLayout& heads) = 0;
+  // out (n, q_dim) act = attention of the q part of qkv over the paged cache (after store_kvcache).
+  virtual void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                         const AttentionMetadata& meta, const AttentionShape& shape) = 0;
+  // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
+  virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
+  // out (m, cols) = rows of x picked by rows (m,) i32.
+  virtual void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) = 0;
+  // tokens (m,) i32 from logits (m, vocab) F32 and settings (m,) SamplingRow (stored as U8 bytes).
+  virtual void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace nanovllm

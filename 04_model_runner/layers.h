@@ -1,0 +1,44 @@
+// layers.h: the model's layers other than attention and the projections (nano-vllm: layers/layernorm.py,
+// rotary_embedding.py, activation.py, embed_head.py), as plain C++ references in fp32. layers.cu has
+// their CUDA kernels; each kernel is tested against the function here.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace nanovllm {
+
+// out (n, hidden) = rows of table (vocab_size, hidden) picked by ids (n). With tensor parallelism the
+// table holds rows [vocab_start, vocab_start + vocab_size) of the vocabulary; ids outside that range give
+// zero rows (another rank fills them, and the all-reduce adds them up).
+void embedding_cpu(float* out, const float* table, const int32_t* ids, int n, int hidden, int vocab_start,
+                   int vocab_size);
+
+// RMSNorm over each row of x (n, hidden): out = x / sqrt(mean(x^2) + eps) * weight.
+void rmsnorm_cpu(float* out, const float* x, const float* weight, int n, int hidden, float eps);
+
+// The fused residual variant: residual += x, then out = rmsnorm(residual). residual (n, hidden) is
+// updated in place and carries the sum to the next layer.
+void add_rmsnorm_cpu(float* out, float* residual, const float* x, const float* weight, int n, int hidden,
+                     float eps);
+
+// cos/sin table for rotary embeddings: (max_positions, head_dim / 2) each, as Hugging Face computes it:
+// inv_freq[j] = 1 / theta^(2j / head_dim) in fp32, angle = position * inv_freq[j] in fp32.
+void build_rope_table(std::vector<float>& cos_table, std::vector<float>& sin_table, int max_positions,
+                      int head_dim, double theta);
+
+// Qwen3's per-head RMSNorm of q and k (over head_dim, weights q_norm / k_norm), then rotary embedding on
+// both, in place. qkv rows (n, row_stride) start with num_heads q heads then num_kv_heads k heads of
+// head_dim values (v follows, untouched). RoPE is the rotate-half ("neox") layout, not GPT-J's
+// interleaved pairs: for j < head_dim/2, (x[j], x[j + head_dim/2]) is rotated by angle[position, j].
+void qk_norm_rope_cpu(float* qkv, int64_t row_stride, const float* q_norm, const float* k_norm,
+                      const int32_t* positions, const float* cos_table, const float* sin_table, int n,
+                      int num_heads, int num_kv_heads, int head_dim, float eps);
+
+// SwiGLU: out (n, inter) = silu(gate) * up, where gate_up (n, 2 * inter) is [gate | up] per row.
+void silu_and_mul_cpu(float* out, const float* gate_up, int n, int inter);
+
+// out (m, cols) = rows `rows[0..m)` of x: the last token of each prefilled sequence, for the LM head.
+void gather_rows_cpu(float* out, const float* x, const int32_t* rows, int m, int cols);
+
+}  // namespace nanovllm

@@ -1,0 +1,197 @@
+// model_runner.cpp
+#include "04_model_runner/model_runner.h"
+
+#include <algorithm>
+
+namespace nanovllm {
+
+namespace {
+
+// The CPU has no memory figure as telling as the GPU's: give the KV cache a fixed budget unless the user
+// sets --kv-cache-blocks, but always room for one sequence of max_model_len.
+constexpr size_t kCpuKvBudgetBytes = size_t(1) << 30;
+
+}  // namespace
+
+ModelRunner::ModelRunner(EngineConfig& config)
+    : block_size_(config.kvcache_block_size), checkpoint_(Checkpoint::open(config.model)) {
+  ModelConfig mc = ModelConfig::load(config.model);
+  if (config.tensor_parallel_size != 1)
+    fail("tensor_parallel_size ", config.tensor_parallel_size, " is not supported yet (1 only)");
+  const int tp = 1, tp_rank = 0;
+
+  if (config.device == "" || config.device == "cpu") {
+    backend_ = make_cpu_backend();
+  } else {
+    fail("device '", config.device, "' is not available in this build");
+  }
+
+  config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);
+  max_model_len_ = config.max_model_len;
+  block_table_width_ = ceil_div(max_model_len_, block_size_);
+  max_seqs_ = config.max_num_seqs;
+  max_tokens_ = std::max(config.max_num_batched_tokens, config.max_num_seqs);
+  if (config.eos.empty()) config.eos.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+
+  model_ = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*backend_, checkpoint_, mc, tp_rank, tp), tp_rank, tp);
+  workspace_ = make_qwen3_workspace(*backend_, mc, tp, max_tokens_, max_seqs_, max_model_len_);
+
+  // The KV cache: 2 (K and V) x layers x blocks x block_size x kv_heads x head_dim elements.
+  const HeadLayout heads = model_->heads();
+  const DType kv_dtype = backend_->act_dtype();
+  const size_t block_bytes = 2 * size_t(mc.num_hidden_layers) * block_size_ * heads.kv_dim() * dtype_size(kv_dtype);
+  if (config.num_kvcache_blocks > 0) {
+    num_blocks_ = config.num_kvcache_blocks;
+  } else {
+    num_blocks_ = std::max(int(kCpuKvBudgetBytes / block_bytes), block_table_width_);
+  }
+  config.num_kvcache_blocks = num_blocks_;
+  kv_storage_ = Buffer(backend_->device(), block_bytes * num_blocks_);
+  const size_t layer_bytes = block_bytes / (2 * mc.num_hidden_layers) * num_blocks_;
+  for (int l = 0; l < mc.num_hidden_layers; l++) {
+    char* base = static_cast<char*>(kv_storage_.data());
+    k_caches_.emplace_back(base + layer_bytes * l, kv_dtype, backend_->device(),
+                           std::initializer_list<int64_t>{num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim});
+    v_caches_.emplace_back(base + layer_bytes * (mc.num_hidden_layers + l), kv_dtype, backend_->device(),
+                           std::initializer_list<int64_t>{num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim});
+  }
+
+  // Step inputs on the device.
+  const int64_t T = max_tokens_, B = max_seqs_, W = block_table_width_;
+  const size_t row_bytes = sizeof(SamplingRow);
+  Arena arena(backend_->device(), Arena::aligned(T * 4) * 3 + Arena::aligned((B + 1) * 4) * 2 +
+                                       Arena::aligned(B * 4) * 3 + Arena::aligned(B * W * 4) +
+                                       Arena::aligned(B * row_bytes));
+  input_ids_ = arena.take(DType::I32, {T});
+  positions_ = arena.take(DType::I32, {T});
+  slot_mapping_ = arena.take(DType::I32, {T});
+  cu_seqlens_q_ = arena.take(DType::I32, {B + 1});
+  cu_seqlens_k_ = arena.take(DType::I32, {B + 1});
+  context_lens_ = arena.take(DType::I32, {B});
+  last_token_rows_ = arena.take(DType::I32, {B});
+  tokens_ = arena.take(DType::I32, {B});
+  block_tables_ = arena.take(DType::I32, {B, W});
+  sampling_ = arena.take(DType::U8, {B, int64_t(row_bytes)});
+  step_storage_ = std::move(arena.buffer());
+}
+
+ModelRunner::~ModelRunner() = default;
+
+// ---------------------------------------------------------------------------------------------------
+// Input preparation
+
+void ModelRunner::fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const {
+  in.block_tables.assign(seqs.size() * block_table_width_, -1);
+  for (size_t b = 0; b < seqs.size(); b++) {
+    const std::vector<int>& table = seqs[b]->block_table;
+    if (int(table.size()) > block_table_width_)
+      fail("sequence ", seqs[b]->seq_id, " holds ", table.size(), " blocks, more than max_model_len allows");
+    std::copy(table.begin(), table.end(), in.block_tables.begin() + b * block_table_width_);
+  }
+}
+
+void ModelRunner::fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const {
+  for (const Sequence* seq : seqs) {
+    const SamplingParams& p = seq->params;
+    // The random stream is indexed by the position of the token being generated.
+    in.sampling.push_back({p.temperature, p.top_k, p.top_p, seq->seed, uint64_t(seq->num_tokens())});
+  }
+}
+
+StepInputs ModelRunner::prepare_prefill(const std::vector<Sequence*>& seqs) const {
+  StepInputs in;
+  in.is_prefill = true;
+  in.cu_seqlens_q.push_back(0);
+  in.cu_seqlens_k.push_back(0);
+  for (const Sequence* seq : seqs) {
+    // This step computes tokens [start, end); attention covers keys [0, end) (nano-vllm #213: not the
+    // whole sequence, when this is a chunk).
+    const int start = seq->num_cached_tokens, end = start + seq->num_scheduled_tokens;
+    for (int pos = start; pos < end; pos++) {
+      in.input_ids.push_back(seq->token_ids[pos]);
+      in.positions.push_back(pos);
+      in.slot_mapping.push_back(seq->block_table[pos / block_size_] * block_size_ + pos % block_size_);
+    }
+    in.cu_seqlens_q.push_back(in.cu_seqlens_q.back() + (end - start));
+    in.cu_seqlens_k.push_back(in.cu_seqlens_k.back() + end);
+    in.max_seqlen_q = std::max(in.max_seqlen_q, end - start);
+    in.max_seqlen_k = std::max(in.max_seqlen_k, end);
+    in.last_token_rows.push_back(in.cu_seqlens_q.back() - 1);
+  }
+  fill_block_tables(in, seqs);
+  fill_sampling(in, seqs);
+  return in;
+}
+
+StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const {
+  StepInputs in;
+  in.is_prefill = false;
+  for (const Sequence* seq : seqs) {
+    // The last token was sampled but not yet computed: it is the input, at position len - 1, and its
+    // K/V go to the last slot of the last block. It attends to all len tokens, itself included.
+    const int pos = seq->num_tokens() - 1;
+    in.input_ids.push_back(seq->last_token);
+    in.positions.push_back(pos);
+    in.slot_mapping.push_back(seq->block_table[pos / block_size_] * block_size_ + pos % block_size_);
+    in.context_lens.push_back(seq->num_tokens());
+    in.max_seqlen_k = std::max(in.max_seqlen_k, seq->num_tokens());
+  }
+  fill_block_tables(in, seqs);
+  fill_sampling(in, seqs);
+  return in;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Running
+
+ForwardInputs ModelRunner::upload(const StepInputs& in) {
+  const int T = in.num_tokens(), B = in.num_seqs();
+  if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
+  ForwardInputs f;
+  f.input_ids = input_ids_.slice_rows(0, T);
+  f.positions = positions_.slice_rows(0, T);
+  f.attention.is_prefill = in.is_prefill;
+  f.attention.num_seqs = B;
+  f.attention.slot_mapping = slot_mapping_.slice_rows(0, T);
+  f.attention.block_tables = block_tables_.slice_rows(0, B);
+  backend_->upload(f.input_ids, in.input_ids.data());
+  backend_->upload(f.positions, in.positions.data());
+  backend_->upload(f.attention.slot_mapping, in.slot_mapping.data());
+  backend_->upload(f.attention.block_tables, in.block_tables.data());
+  if (in.is_prefill) {
+    f.attention.cu_seqlens_q = cu_seqlens_q_.slice_rows(0, B + 1);
+    f.attention.cu_seqlens_k = cu_seqlens_k_.slice_rows(0, B + 1);
+    f.attention.max_seqlen_q = in.max_seqlen_q;
+    f.attention.max_seqlen_k = in.max_seqlen_k;
+    f.last_token_rows = last_token_rows_.slice_rows(0, B);
+    backend_->upload(f.attention.cu_seqlens_q, in.cu_seqlens_q.data());
+    backend_->upload(f.attention.cu_seqlens_k, in.cu_seqlens_k.data());
+    backend_->upload(f.last_token_rows, in.last_token_rows.data());
+  } else {
+    f.attention.context_lens = context_lens_.slice_rows(0, B);
+    f.attention.max_context_len = in.max_seqlen_k;
+    backend_->upload(f.attention.context_lens, in.context_lens.data());
+  }
+  backend_->upload(sampling_.slice_rows(0, B), in.sampling.data());
+  return f;
+}
+
+std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits) {
+  StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
+  const int B = in.num_seqs();
+  ForwardInputs f = upload(in);
+  model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
+  model_->compute_logits(*backend_, f, workspace_, B);
+  Tensor tokens = tokens_.slice_rows(0, B);
+  backend_->sample(tokens, workspace_.logits.slice_rows(0, B), sampling_.slice_rows(0, B));
+  std::vector<int32_t> out(size_t(B), 0);
+  backend_->download(out.data(), tokens);
+  if (logits) {
+    Tensor l = workspace_.logits.slice_rows(0, B);
+    logits->resize(size_t(l.numel()));
+    backend_->download(logits->data(), l);
+  }
+  return out;
+}
+
+}  // namespace nanovllm

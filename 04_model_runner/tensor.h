@@ -1,0 +1,82 @@
+// tensor.h: memory on a device (Buffer, which owns it) and typed views of it (Tensor, which does not).
+//
+// The engine allocates everything up front (weights, KV cache, activations, step inputs) and then only
+// passes views around, so pointers stay fixed for the whole run; that is also what CUDA graphs need.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#include "01_sequence/common.h"
+#include "04_model_runner/dtype.h"
+
+namespace nanovllm {
+
+enum class Device { CPU, CUDA };
+
+// Bytes owned on one device: malloc'd host memory or cudaMalloc'd GPU memory. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device device, size_t bytes);  // throws Error when out of memory
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept { *this = static_cast<Buffer&&>(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_ = Device::CPU;
+};
+
+// A contiguous, row-major view: up to 4 dimensions of one dtype on one device.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Device device = Device::CPU;
+  int ndim = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+
+  Tensor() = default;
+  Tensor(void* data, DType dtype, Device device, std::initializer_list<int64_t> dims);
+
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  int64_t rows() const { return shape[0]; }
+  int64_t row_size() const { return rows() ? numel() / rows() : 0; }  // elements per row
+  // Rows [begin, begin + count) of the first dimension.
+  Tensor slice_rows(int64_t begin, int64_t count) const;
+  // The same memory seen with another shape (same number of elements).
+  Tensor reshape(std::initializer_list<int64_t> dims) const;
+
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// Carves tensors out of one Buffer, each aligned to 256 bytes (what cuBLAS and vector loads like).
+class Arena {
+ public:
+  Arena(Device device, size_t bytes) : buffer_(device, bytes) {}
+  Tensor take(DType dtype, std::initializer_list<int64_t> dims);
+  size_t used() const { return used_; }
+  // The memory itself, to be kept alive as long as the tensors taken from it.
+  Buffer& buffer() { return buffer_; }
+  // Bytes an Arena needs for tensors of these sizes (a dry run of take()).
+  static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+ private:
+  Buffer buffer_;
+  size_t used_ = 0;
+};
+
+}  // namespace nanovllm

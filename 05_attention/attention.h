@@ -1,0 +1,53 @@
+// attention.h: the paged KV cache and attention over it (nano-vllm: layers/attention.py; article,
+// "sixth stop").
+//
+// Layout of one layer's cache, the same on CPU and GPU (nano-vllm's):
+//   k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim)
+// so token slot s = block_id * block_size + offset holds its K at k_cache + s * kv_dim, kv_dim =
+// num_kv_heads * head_dim. A sequence's block table lists its blocks in logical order.
+//
+// Every step first writes the new tokens' K/V into their slots (store_kvcache), then attends: prefill
+// and decode both read all keys, cached and new, through the block table. Causality is bottom-right
+// aligned: with seqlen_q new queries at the end of seqlen_k keys, query i (0-based) sees keys
+// 0 .. seqlen_k - seqlen_q + i. GQA: query head h reads KV head h / (num_heads / num_kv_heads).
+//
+// The plain C++ functions here are the readable spec and the test oracle (fp32); attention.cu has the
+// CUDA kernels (bf16 storage, fp32 arithmetic).
+#pragma once
+
+#include <cstdint>
+
+namespace nanovllm {
+
+struct AttentionShape {
+  int num_heads;     // query heads
+  int num_kv_heads;  // key/value heads (divides num_heads)
+  int head_dim;
+  int block_size;    // tokens per KV block
+  float scale;       // softmax scale, head_dim^-0.5
+};
+
+// Writes K/V rows of num_tokens tokens into their cache slots. k and v rows are kv_dim contiguous values
+// each, row i at k + i * row_stride (they are views into the fused qkv projection). slot_mapping[i] = -1
+// means "no slot" (padding rows of a CUDA graph batch) and is skipped.
+void store_kvcache_cpu(float* k_cache, float* v_cache, const float* k, const float* v, int64_t row_stride,
+                       const int32_t* slot_mapping, int num_tokens, int kv_dim);
+
+// Prefill (varlen): sequence b has queries rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of q (row i at
+// q + i * q_stride, num_heads * head_dim values) and seqlen_k = cu_seqlens_k[b+1] - cu_seqlens_k[b] keys,
+// all read from the cache through block_tables[b * block_table_width + ...]. seqlen_k > seqlen_q when
+// part of the sequence was cached (prefix hit, or an earlier chunk). out row i (num_heads * head_dim
+// values at out + i * out_stride) gets the attention output of query row i.
+void prefill_attention_cpu(float* out, int64_t out_stride, const float* q, int64_t q_stride,
+                           const float* k_cache, const float* v_cache, const int32_t* cu_seqlens_q,
+                           const int32_t* cu_seqlens_k, const int32_t* block_tables, int block_table_width,
+                           int num_seqs, const AttentionShape& shape);
+
+// Decode: one query per sequence (row b of q), attending to context_lens[b] keys (the current token's
+// included: it was stored first). context_lens[b] = 0 (a padding row) writes zeros.
+void decode_attention_cpu(float* out, int64_t out_stride, const float* q, int64_t q_stride,
+                          const float* k_cache, const float* v_cache, const int32_t* context_lens,
+                          const int32_t* block_tables, int block_table_width, int num_seqs,
+                          const AttentionShape& shape);
+
+}  // namespace nanovllm

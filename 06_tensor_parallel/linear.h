@@ -1,0 +1,71 @@
+// linear.h: the linear layers and how tensor parallelism splits them (nano-vllm: layers/linear.py,
+// layers/embed_head.py).
+//
+// Every weight is stored as in PyTorch, W: (out_features, in_features), and y = x W^T.
+// With tp_size GPUs, each rank holds one shard:
+//   column parallel   rows [rank*out/tp, (rank+1)*out/tp) of W: each rank computes a slice of y
+//                     (q/k/v and gate/up projections; no communication)
+//   row parallel      columns [rank*in/tp, ...) of W: each rank computes a partial sum of y over its slice
+//                     of x, then an all-reduce adds them (o_proj and down_proj)
+//   QKV               q, k and v are column parallel by heads and packed in one weight per rank:
+//                     [q heads of this rank; k heads of this rank; v heads of this rank]
+//   merged gate/up    [gate rows of this rank; up rows of this rank]
+//   vocab parallel    embedding and LM head rows [rank*V/tp, ...): each rank embeds or scores only
+//                     its part of the vocabulary
+// Two all-reduces per layer in all (after o_proj and after down_proj).
+//
+// The shard functions work on full host copies of checkpoint tensors (any element type) and return
+// this rank's packed weight, so that loading is the same code for any (rank, tp_size).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "01_sequence/common.h"
+
+namespace nanovllm {
+
+// y (n, out) = x (n, in) @ W (out, in)^T, fp32 (the CPU reference of every projection).
+void linear_cpu(float* y, const float* x, const float* W, int n, int in_features, int out_features);
+
+// Checks that `total` splits evenly over tp_size ranks; returns the per-rank size.
+inline int64_t divide(int64_t total, int tp_size, const char* what) {
+  if (total % tp_size != 0) fail(what, " (", total, ") is not divisible by tensor_parallel_size ", tp_size);
+  return total / tp_size;
+}
+
+// Rows [rank * rows/tp, (rank+1) * rows/tp) of a (rows, cols) matrix: column-parallel linear layers,
+// vocab-parallel embedding and LM head.
+template <class T>
+std::vector<T> shard_rows(const std::vector<T>& w, int64_t rows, int64_t cols, int rank, int tp_size) {
+  int64_t part = divide(rows, tp_size, "rows");
+  auto begin = w.begin() + rank * part * cols;
+  return std::vector<T>(begin, begin + part * cols);
+}
+
+// Columns [rank * cols/tp, (rank+1) * cols/tp) of a (rows, cols) matrix: row-parallel linear layers.
+template <class T>
+std::vector<T> shard_cols(const std::vector<T>& w, int64_t rows, int64_t cols, int rank, int tp_size) {
+  int64_t part = divide(cols, tp_size, "columns");
+  std::vector<T> out;
+  out.reserve(size_t(rows * part));
+  for (int64_t r = 0; r < rows; r++) {
+    auto begin = w.begin() + r * cols + rank * part;
+    out.insert(out.end(), begin, begin + part);
+  }
+  return out;
+}
+
+// Concatenates this rank's row shards of several weights that share `cols` (QKV: q, k, v; MLP: gate, up).
+template <class T>
+std::vector<T> pack_row_shards(const std::vector<const std::vector<T>*>& weights, const std::vector<int64_t>& rows,
+                               int64_t cols, int rank, int tp_size) {
+  std::vector<T> out;
+  for (size_t i = 0; i < weights.size(); i++) {
+    std::vector<T> shard = shard_rows(*weights[i], rows[i], cols, rank, tp_size);
+    out.insert(out.end(), shard.begin(), shard.end());
+  }
+  return out;
+}
+
+}  // namespace nanovllm

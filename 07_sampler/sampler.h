@@ -1,0 +1,62 @@
+// sampler.h: from logits to the next token (nano-vllm: layers/sampler.py).
+//
+//   temperature 0      greedy: the argmax (lowest id on ties, as torch.argmax)
+//   temperature T > 0  a categorical sample of softmax(logits / T), by the Gumbel-max trick:
+//                      argmax_i (logits_i / T + g_i), g_i = -log(-log u_i), u_i uniform in (0, 1).
+//                      nano-vllm writes the same thing as argmax_i p_i / E_i with E_i ~ Exp(1)
+//                      (E = -log u, and log is monotonic): no softmax is needed at all.
+//   top_k > 0          only the k largest logits compete (ties at the boundary: lowest ids first)
+//   top_p < 1          only the smallest set of most likely tokens whose probability reaches top_p
+//                      (after top-k), the token that crosses top_p included
+//
+// Random numbers are counter-based: u_i is a hash of (the request's seed, the index of the token being
+// generated, i). A request therefore draws the same numbers whatever batch it lands in, whether it was
+// preempted, and on CPU or GPU: a seeded run is reproducible, and its tokens do not depend on scheduling.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define SAMPLER_HD __host__ __device__
+#else
+#define SAMPLER_HD
+#endif
+
+namespace nanovllm {
+
+// splitmix64's output function: a bijective mix of 64 bits (every input bit affects every output bit).
+SAMPLER_HD inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The uniform number for vocabulary entry `index` when generating the token at position `step` of a
+// request with seed `seed`: 24 random bits mapped to the open interval (0, 1).
+SAMPLER_HD inline float sampler_uniform(uint64_t seed, uint64_t step, uint32_t index) {
+  uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + index + 1));
+  return (float(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+// Gumbel(0, 1) noise: -log(-log u).
+SAMPLER_HD inline float gumbel_noise(uint64_t seed, uint64_t step, uint32_t index) {
+  return -logf(-logf(sampler_uniform(seed, step, index)));
+}
+
+// Per-row sampling settings.
+struct SamplingRow {
+  float temperature;  // 0 = greedy
+  int top_k;          // 0 = off
+  float top_p;        // 1 = off
+  uint64_t seed;
+  uint64_t step;      // index of the token being generated (the sequence's length before it)
+};
+
+// Picks one token from one row of `vocab_size` logits.
+int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& row);
+
+// Batched: tokens[b] = sample_row_cpu(logits + b * vocab_size, vocab_size, rows[b]).
+void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows);
+
+}  // namespace nanovllm
