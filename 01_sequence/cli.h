@@ -40,5 +40,6 @@ class Flags {
 
 // Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
 int cmd_hash_blocks(const Flags& flags);  // 03_block_manager/hash_blocks_cli.cpp
+int cmd_random_model(const Flags& flags);  // 04_model_runner/random_model_cli.cpp
 
 }  // namespace nanovllm
