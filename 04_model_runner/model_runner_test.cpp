@@ -1,0 +1,116 @@
+// ModelRunner's input preparation: the flat arrays built from sequences' counters and block tables, on
+// hand-computed examples (nano-vllm's prepare_prefill / prepare_decode).
+#include "04_model_runner/model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+using namespace nanovllm;
+
+namespace {
+
+ModelRunner make_runner(int block_size = 16) {
+  EngineConfig c;
+  c.model = test::data_path("golden/tiny-qwen3-a");
+  c.device = "cpu";
+  c.kvcache_block_size = block_size;
+  c.num_kvcache_blocks = 32;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 256;
+  c.max_model_len = 256;
+  return ModelRunner(c);
+}
+
+std::vector<int32_t> range(int a, int b) {
+  std::vector<int32_t> v;
+  for (int i = a; i < b; i++) v.push_back(i);
+  return v;
+}
+
+}  // namespace
+
+TEST(Ch04_ModelRunner, ClampsMaxModelLenAndKeepsUserBlockCount) {
+  EngineConfig c;
+  c.model = test::data_path("golden/tiny-qwen3-a");
+  c.device = "cpu";
+  c.kvcache_block_size = 16;
+  c.num_kvcache_blocks = 7;
+  c.max_model_len = 100000;  // the model allows 4096 positions
+  ModelRunner runner(c);
+  EXPECT_EQ(c.max_model_len, 4096);
+  EXPECT_EQ(c.num_kvcache_blocks, 7);
+  EXPECT_EQ(runner.num_kvcache_blocks(), 7);
+  EXPECT_EQ(c.eos, std::vector<int32_t>{2});  // from generation_config.json
+  // 2 (K, V) x 2 layers x 7 blocks x 16 tokens x 2 KV heads x 128 dims x 4 bytes (fp32 on the CPU).
+  EXPECT_EQ(runner.kv_cache_bytes(), size_t(2) * 2 * 7 * 16 * 2 * 128 * 4);
+}
+
+TEST(Ch04_ModelRunner, PreparePrefillWithPrefixHitAndChunk) {
+  ModelRunner runner = make_runner();
+  SamplingParams p;
+  // a: 40 tokens, blocks [5, 9, 2], first 16 cached (prefix hit), 20 scheduled (a chunk: 16..35).
+  Sequence a(0, range(100, 140), p, 11, 16);
+  a.block_table = {5, 9, 2};
+  a.num_cached_tokens = 16;
+  a.num_scheduled_tokens = 20;
+  // b: 3 tokens, block [7], nothing cached.
+  Sequence b(1, range(200, 203), p, 12, 16);
+  b.block_table = {7};
+  b.num_scheduled_tokens = 3;
+  StepInputs in = runner.prepare_prefill({&a, &b});
+  EXPECT_TRUE(in.is_prefill);
+  std::vector<int32_t> ids = range(116, 136);
+  ids.insert(ids.end(), {200, 201, 202});
+  EXPECT_EQ(in.input_ids, ids);
+  std::vector<int32_t> pos = range(16, 36);
+  pos.insert(pos.end(), {0, 1, 2});
+  EXPECT_EQ(in.positions, pos);
+  // Positions 16..31 are block 9 (slots 144..159), 32..35 block 2 (slots 32..35); b's block 7 -> 112..114.
+  std::vector<int32_t> slots = range(144, 160);
+  for (int32_t s : {32, 33, 34, 35, 112, 113, 114}) slots.push_back(s);
+  EXPECT_EQ(in.slot_mapping, slots);
+  EXPECT_EQ(in.cu_seqlens_q, (std::vector<int32_t>{0, 20, 23}));
+  EXPECT_EQ(in.cu_seqlens_k, (std::vector<int32_t>{0, 36, 39}));  // a attends to 36 keys, not 40
+  EXPECT_EQ(in.max_seqlen_q, 20);
+  EXPECT_EQ(in.max_seqlen_k, 36);
+  EXPECT_EQ(in.last_token_rows, (std::vector<int32_t>{19, 22}));
+  const int width = 256 / 16;
+  ASSERT_EQ(in.block_tables.size(), size_t(2 * width));
+  EXPECT_EQ(in.block_tables[0], 5);
+  EXPECT_EQ(in.block_tables[2], 2);
+  EXPECT_EQ(in.block_tables[3], -1);
+  EXPECT_EQ(in.block_tables[width], 7);
+  EXPECT_EQ(in.block_tables[width + 1], -1);
+  ASSERT_EQ(in.sampling.size(), 2u);
+  EXPECT_EQ(in.sampling[0].seed, 11u);
+  EXPECT_EQ(in.sampling[0].step, 40u);  // the token being generated is index 40
+}
+
+TEST(Ch04_ModelRunner, PrepareDecodeUsesTheLastSlot) {
+  ModelRunner runner = make_runner();
+  SamplingParams p;
+  Sequence a(0, range(0, 33), p, 0, 16);  // 33 tokens: the last (index 32) starts block 2
+  a.block_table = {4, 1, 6};
+  a.num_cached_tokens = 32;
+  a.num_scheduled_tokens = 1;
+  Sequence b(1, range(0, 20), p, 0, 16);
+  b.block_table = {3, 0};
+  b.num_cached_tokens = 19;
+  b.num_scheduled_tokens = 1;
+  StepInputs in = runner.prepare_decode({&a, &b});
+  EXPECT_FALSE(in.is_prefill);
+  EXPECT_EQ(in.input_ids, (std::vector<int32_t>{32, 19}));
+  EXPECT_EQ(in.positions, (std::vector<int32_t>{32, 19}));
+  EXPECT_EQ(in.slot_mapping, (std::vector<int32_t>{6 * 16 + 0, 0 * 16 + 3}));
+  EXPECT_EQ(in.context_lens, (std::vector<int32_t>{33, 20}));  // the current token included
+}
+
+TEST(Ch04_ModelRunner, RejectsABlockTableWiderThanMaxModelLen) {
+  ModelRunner runner = make_runner();
+  SamplingParams p;
+  Sequence a(0, range(0, 20), p, 0, 16);
+  a.block_table.assign(17, 0);  // 256 / 16 = 16 columns at most
+  a.num_scheduled_tokens = 1;
+  EXPECT_THROW(runner.prepare_prefill({&a}), Error);
+}

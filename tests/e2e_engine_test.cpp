@@ -1,0 +1,208 @@
+// The whole engine (scheduler + block manager + model runner + sampler) on the CPU:
+//  - greedy generation reproduces Hugging Face's greedy tokens (golden), up to the first step whose
+//    golden top-1/top-2 margin is below the CPU path's noise (1e-3);
+//  - the same greedy outputs, token for token, whatever the block size, batching, token budget (chunked
+//    prefill) and KV pool size (preemption), and with prompts sharing a prefix (prefix-cache hits);
+//  - seeded sampling is reproducible and does not depend on scheduling;
+//  - bad requests are refused with clear errors.
+#include <gtest/gtest.h>
+
+#include "01_sequence/llm_engine.h"
+#include "02_scheduler/scheduler.h"
+#include "tests/test_util.h"
+
+using namespace nanovllm;
+
+namespace {
+
+struct Golden {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<int32_t>> tokens;   // 24 greedy steps each
+  std::vector<std::vector<double>> margins;
+};
+
+Golden load_golden(const std::string& model) {
+  Json golden = test::read_json(test::data_path("golden/" + model + ".golden.json"));
+  Golden g;
+  for (const Json& c : golden.at("cases").as_array()) {
+    std::vector<int32_t> prompt, tokens;
+    std::vector<double> margins;
+    for (const Json& id : c.at("prompt_ids").as_array()) prompt.push_back(int32_t(id.as_int64()));
+    for (const Json& s : c.at("greedy").as_array()) {
+      tokens.push_back(int32_t(s.at("token").as_int64()));
+      margins.push_back(s.at("margin").as_double());
+    }
+    g.prompts.push_back(prompt), g.tokens.push_back(tokens), g.margins.push_back(margins);
+  }
+  return g;
+}
+
+EngineConfig config_for(const std::string& model) {
+  EngineConfig c;
+  c.model = test::data_path("golden/" + model);
+  c.device = "cpu";
+  return c;
+}
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<std::vector<int32_t>> completions(const std::vector<GenerateOutput>& outputs) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& o : outputs) out.push_back(o.token_ids);
+  return out;
+}
+
+}  // namespace
+
+TEST(E2E_Engine, GreedyMatchesTransformersUpToTheNoiseMargin) {
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load_golden(model);
+    LLMEngine engine(config_for(model));
+    auto outputs = engine.generate(g.prompts, {greedy(24)});
+    for (size_t i = 0; i < g.prompts.size(); i++) {
+      int compared = 0;
+      for (size_t step = 0; step < 24; step++) {
+        ASSERT_EQ(outputs[i].token_ids[step], g.tokens[i][step]) << model << " case " << i << " step " << step;
+        compared++;
+        if (g.margins[i][step] < 1e-3) break;  // beyond this the reference itself is a coin toss
+      }
+      EXPECT_GT(compared, 0);
+    }
+  }
+}
+
+TEST(E2E_Engine, SameGreedyOutputsUnderEveryEngineShape) {
+  // Reference: default engine, all prompts at once. Then every combination of block size, batching,
+  // tiny token budget (chunked prefill) and tiny KV pool (preemption) must give identical tokens.
+  Golden g = load_golden("tiny-qwen3-b");
+  const int kTokens = 12;
+  std::vector<std::vector<int32_t>> reference = completions(LLMEngine(config_for("tiny-qwen3-b")).generate(g.prompts, {greedy(kTokens)}));
+  int64_t preemptions = 0, chunks = 0;
+  for (int block_size : {16, 64, 256}) {
+    for (bool one_at_a_time : {false, true}) {
+      for (bool tiny_budget : {false, true}) {
+        for (bool tiny_pool : {false, true}) {
+          EngineConfig c = config_for("tiny-qwen3-b");
+          c.kvcache_block_size = block_size;
+          if (tiny_budget) c.max_num_batched_tokens = 100;
+          // The longest request needs ceil((600 + 12 - 1) / bs) blocks; give little more than that.
+          if (tiny_pool) c.num_kvcache_blocks = ceil_div(600 + kTokens - 1, block_size) + 1;
+          SCOPED_TRACE("block " + std::to_string(block_size) + (one_at_a_time ? " one-at-a-time" : " batched") +
+                       (tiny_budget ? " budget-100" : "") + (tiny_pool ? " tiny-pool" : ""));
+          LLMEngine engine(c);
+          std::vector<std::vector<int32_t>> got;
+          if (one_at_a_time) {
+            for (const auto& prompt : g.prompts) got.push_back(engine.generate({prompt}, {greedy(kTokens)})[0].token_ids);
+          } else {
+            got = completions(engine.generate(g.prompts, {greedy(kTokens)}));
+          }
+          EXPECT_EQ(got, reference);
+          preemptions += engine.scheduler().num_preemptions();
+          chunks += engine.scheduler().num_chunked_prefills();
+        }
+      }
+    }
+  }
+  EXPECT_GT(preemptions, 0) << "no configuration preempted: the test lost its point";
+  EXPECT_GT(chunks, 0) << "no configuration chunked a prefill";
+}
+
+TEST(E2E_Engine, SharedPrefixHitsTheCacheAndChangesNothing) {
+  Golden g = load_golden("tiny-qwen3-a");
+  std::vector<int32_t> prefix = g.prompts.back();  // 600 tokens
+  prefix.resize(300);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; i++) {
+    std::vector<int32_t> p = prefix;
+    for (int k = 0; k <= i * 7; k++) p.push_back(int32_t((37 * k + i) % 512));
+    prompts.push_back(p);
+  }
+  EngineConfig c = config_for("tiny-qwen3-a");
+  c.kvcache_block_size = 64;
+  // One at a time, so that each later request finds the earlier ones' blocks computed and hashed.
+  LLMEngine cached(c);
+  std::vector<std::vector<int32_t>> got;
+  std::vector<int> hits;
+  for (const auto& p : prompts) {
+    auto out = cached.generate({p}, {greedy(8)});
+    got.push_back(out[0].token_ids);
+    hits.push_back(out[0].num_prefix_hit_blocks);
+  }
+  // 300 shared tokens = 4 full blocks of 64; the first request has nothing to hit.
+  EXPECT_EQ(hits, (std::vector<int>{0, 4, 4, 4}));
+  EXPECT_EQ(cached.scheduler().block_manager().total_hit_blocks(), 12);
+  // The same prompts each in a fresh engine (no cache at all) give the same tokens.
+  for (size_t i = 0; i < prompts.size(); i++)
+    EXPECT_EQ(LLMEngine(c).generate({prompts[i]}, {greedy(8)})[0].token_ids, got[i]) << "prompt " << i;
+}
+
+TEST(E2E_Engine, SeededSamplingIsReproducibleAndIndependentOfScheduling) {
+  Golden g = load_golden("tiny-qwen3-a");
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.max_tokens = 16;
+  p.ignore_eos = true;
+  EngineConfig c = config_for("tiny-qwen3-a");
+  c.seed = 42;
+  auto a = completions(LLMEngine(c).generate(g.prompts, {p}));
+  auto b = completions(LLMEngine(c).generate(g.prompts, {p}));
+  EXPECT_EQ(a, b);
+  // A tiny pool and budget change every step's batch, not the tokens.
+  EngineConfig tight = c;
+  tight.kvcache_block_size = 16;
+  tight.num_kvcache_blocks = 40;
+  tight.max_num_batched_tokens = 64;
+  LLMEngine tight_engine(tight);
+  EXPECT_EQ(completions(tight_engine.generate(g.prompts, {p})), a);
+  EXPECT_GT(tight_engine.scheduler().num_preemptions(), 0);
+  // Another seed draws other tokens.
+  c.seed = 43;
+  EXPECT_NE(completions(LLMEngine(c).generate(g.prompts, {p})), a);
+  // A request's own seed wins over the engine's.
+  p.seed = 7;
+  auto own1 = completions(LLMEngine(c).generate({g.prompts[2]}, {p}));
+  c.seed = 99;
+  auto own2 = completions(LLMEngine(c).generate({g.prompts[2]}, {p}));
+  EXPECT_EQ(own1, own2);
+}
+
+TEST(E2E_Engine, EosStopsGenerationUnlessIgnored) {
+  // Model a's config says eos = 2. Find the greedy continuation, then declare its 3rd token an EOS id.
+  Golden g = load_golden("tiny-qwen3-a");
+  EngineConfig c = config_for("tiny-qwen3-a");
+  std::vector<int32_t> free_run = LLMEngine(c).generate({g.prompts[3]}, {greedy(10)})[0].token_ids;
+  c.eos = {free_run[2]};
+  SamplingParams stop = greedy(10);
+  stop.ignore_eos = false;
+  std::vector<int32_t> stopped = LLMEngine(c).generate({g.prompts[3]}, {stop})[0].token_ids;
+  size_t first = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
+  EXPECT_EQ(stopped, std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));  // EOS kept
+}
+
+TEST(E2E_Engine, BadRequestsAreRefusedWithClearErrors) {
+  EngineConfig c = config_for("tiny-qwen3-a");
+  c.max_model_len = 64;
+  LLMEngine engine(c);
+  auto message = [&](std::vector<int32_t> prompt, SamplingParams p) -> std::string {
+    try {
+      engine.add_request(prompt, p);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  SamplingParams p = greedy(4);
+  EXPECT_EQ(message({1, 512}, p), "request 0: token id 512 is outside the vocabulary [0, 512)");
+  EXPECT_EQ(message({}, p), "request 0: the prompt is empty");
+  EXPECT_EQ(message(std::vector<int32_t>(62, 1), p),
+            "request 0: prompt (62 tokens) + max_tokens (4) exceeds max_model_len (64)");
+  p.temperature = -1;
+  EXPECT_EQ(message({1}, p), "temperature must be >= 0 (0 = greedy), got -1");
+  EXPECT_TRUE(engine.is_finished());  // nothing was queued
+}
