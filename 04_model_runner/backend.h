@@ -27,6 +27,7 @@ struct AttentionMetadata {
   // Decode only:
   Tensor context_lens;  // (num_seqs,) i32: keys to attend to, the current token's included; 0 = padding
   int max_context_len = 0;  // an upper bound, for sizing the work
+  Tensor scratch;           // F32 workspace of the GPU decode kernel (partial results); unused on the CPU
 };
 
 struct HeadLayout {
@@ -48,6 +49,10 @@ class Backend {
   virtual void download(void* host, const Tensor& src) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
+  // Bytes of AttentionMetadata::scratch that decode attention needs for these limits.
+  virtual size_t attention_scratch_bytes(int /*max_seqs*/, int /*max_context_len*/, const AttentionShape&) const {
+    return 0;
+  }
 
   // out (n, hidden) act = table (vocab_part, hidden) weight rows of ids (n,) i32, offset by vocab_start.
   virtual void embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) = 0;
@@ -77,5 +82,10 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+
+// The GPU backend on CUDA device `device_id` (only in builds with CUDA). Throws Error when there is none.
+std::unique_ptr<Backend> make_cuda_backend(int device_id);
+// True when this build has CUDA and a CUDA device is present.
+bool cuda_available();
 
 }  // namespace nanovllm

@@ -42,3 +42,26 @@ void silu_and_mul_cpu(float* out, const float* gate_up, int n, int inter);
 void gather_rows_cpu(float* out, const float* x, const int32_t* rows, int m, int cols);
 
 }  // namespace nanovllm
+
+// ---------------------------------------------------------------------------------------------------
+// CUDA kernels (layers.cu): the same operations on bf16 tensors, fp32 arithmetic inside. Each runs on
+// `stream`; all pointers are device pointers. hidden, inter and head_dim must be multiples of 8.
+#ifdef NANOVLLM_CUDA
+#include "01_sequence/cuda_utils.h"
+
+namespace nanovllm {
+
+void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int hidden, int vocab_start,
+                    int vocab_size, cudaStream_t stream);
+void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidden, float eps, cudaStream_t stream);
+// residual (bf16) += x, rounded to bf16 as the new residual; out = rmsnorm of the unrounded fp32 sum.
+void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
+                      cudaStream_t stream);
+void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                       const int32_t* positions, const float* cos_table, const float* sin_table, int n,
+                       int num_heads, int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
+void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream);
+void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream);
+
+}  // namespace nanovllm
+#endif

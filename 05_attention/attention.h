@@ -51,3 +51,34 @@ void decode_attention_cpu(float* out, int64_t out_stride, const float* q, int64_
                           const AttentionShape& shape);
 
 }  // namespace nanovllm
+
+// ---------------------------------------------------------------------------------------------------
+// CUDA (attention.cu): the same three operations on a bf16 cache, fp32 arithmetic.
+#ifdef NANOVLLM_CUDA
+#include "01_sequence/cuda_utils.h"
+
+namespace nanovllm {
+
+void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
+                        const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
+
+// Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size.
+void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
+                            const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                            const int32_t* block_tables, int block_table_width, int num_seqs, int max_seqlen_q,
+                            const AttentionShape& shape, cudaStream_t stream);
+
+// Decode, flash-decoding style: the context is cut into partitions of `partition_size` keys, each
+// attended by its own thread block, and the partial results (max, sum, unnormalised output) are merged by
+// a second kernel. max_context_len bounds the number of partitions launched (under a CUDA graph it is
+// max_model_len; blocks past a sequence's context return at once). `scratch` needs
+// decode_attention_scratch_bytes(...) bytes.
+size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& shape);
+int decode_partition_size(int num_seqs, const AttentionShape& shape);
+void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
+                           int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
+                           float* scratch, cudaStream_t stream);
+
+}  // namespace nanovllm
+#endif

@@ -69,3 +69,18 @@ std::vector<T> pack_row_shards(const std::vector<const std::vector<T>*>& weights
 }
 
 }  // namespace nanovllm
+
+// CUDA (linear_cuda.cpp): the one library call of the engine. cuBLAS multiplies bf16 matrices with fp32
+// accumulation on the tensor cores; y is bf16 (activations) or fp32 (logits).
+#ifdef NANOVLLM_CUDA
+#include <cublas_v2.h>
+
+#include "01_sequence/cuda_utils.h"
+
+namespace nanovllm {
+
+void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
+                 int in_features, int out_features);
+
+}  // namespace nanovllm
+#endif

@@ -60,3 +60,17 @@ int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& r
 void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows);
 
 }  // namespace nanovllm
+
+// CUDA (sampler.cu): greedy and temperature (Gumbel-max) sampling, one block per row; the same random
+// numbers as the CPU. Rows asking for top-k or top-p are not handled here: the model runner samples
+// those on the CPU (sample_cpu).
+#ifdef NANOVLLM_CUDA
+#include "01_sequence/cuda_utils.h"
+
+namespace nanovllm {
+
+void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
+                 cudaStream_t stream);
+
+}  // namespace nanovllm
+#endif

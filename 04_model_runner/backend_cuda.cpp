@@ -1,0 +1,147 @@
+// backend_cuda.cpp: the Backend on a CUDA GPU. Weights, activations and the KV cache are bf16; every
+// operation is one of our kernels (layers.cu, attention.cu, sampler.cu) except the projections, which
+// are cuBLAS GEMMs. Everything is queued on one stream, so that a decode step can be captured as a CUDA
+// graph and replayed.
+#include <cassert>
+
+#include "04_model_runner/backend.h"
+
+#ifdef NANOVLLM_CUDA
+#include "04_model_runner/layers.h"
+#include "06_tensor_parallel/linear.h"
+
+namespace nanovllm {
+namespace {
+
+bf16* b16(const Tensor& t) {
+  assert(t.dtype == DType::BF16 && t.device == Device::CUDA);
+  return t.as<bf16>();
+}
+int32_t* i32(const Tensor& t) {
+  assert(t.dtype == DType::I32 && t.device == Device::CUDA);
+  return t.as<int32_t>();
+}
+float* f32(const Tensor& t) {
+  assert(t.dtype == DType::F32 && t.device == Device::CUDA);
+  return t.as<float>();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_id) {
+    CUDA_CHECK(cudaSetDevice(device_id));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
+    cublasSetStream(cublas_, stream_);
+    // A workspace of our own: cuBLAS must not allocate while a CUDA graph is being captured.
+    cublas_workspace_ = Buffer(Device::CUDA, 32 << 20);
+    cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes());
+  }
+  ~CudaBackend() override {
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::CUDA; }
+  DType act_dtype() const override { return DType::BF16; }
+  cudaStream_t stream() const { return stream_; }
+
+  void upload(const Tensor& dst, const void* host) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` may be reused as soon as we return
+  }
+  void download(void* host, const Tensor& src) override {
+    CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  size_t attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) const override {
+    return decode_attention_scratch_bytes(max_seqs, max_context_len, s);
+  }
+
+  void embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) override {
+    embedding_cuda(b16(out), b16(table), i32(ids), int(ids.numel()), int(table.shape[1]), vocab_start,
+                   int(table.shape[0]), stream_);
+  }
+  void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps) override {
+    rmsnorm_cuda(b16(out), b16(x), b16(weight), int(x.rows()), int(x.row_size()), eps, stream_);
+  }
+  void add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& x, const Tensor& weight,
+                   float eps) override {
+    add_rmsnorm_cuda(b16(out), b16(residual), b16(x), b16(weight), int(x.rows()), int(x.row_size()), eps, stream_);
+  }
+  void linear(const Tensor& out, const Tensor& x, const Tensor& weight) override {
+    assert(x.row_size() == weight.shape[1] && out.row_size() == weight.shape[0]);
+    assert(out.dtype == DType::BF16 || out.dtype == DType::F32);
+    linear_cuda(cublas_, out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
+                int(weight.shape[0]));
+  }
+  void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
+                    const Tensor& cos, const Tensor& sin, const HeadLayout& h, float eps) override {
+    qk_norm_rope_cuda(b16(qkv), qkv.row_size(), b16(q_norm), b16(k_norm), i32(positions), f32(cos), f32(sin),
+                      int(qkv.rows()), h.num_heads, h.num_kv_heads, h.head_dim, eps, stream_);
+  }
+  void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
+                     const HeadLayout& h) override {
+    const bf16* k = b16(qkv) + h.q_dim();
+    store_kvcache_cuda(b16(k_cache), b16(v_cache), k, k + h.kv_dim(), qkv.row_size(), i32(slot_mapping),
+                       int(qkv.rows()), h.kv_dim(), stream_);
+  }
+  void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionMetadata& m, const AttentionShape& s) override {
+    const int width = int(m.block_tables.shape[1]);
+    if (m.is_prefill) {
+      prefill_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
+                             i32(m.cu_seqlens_q), i32(m.cu_seqlens_k), i32(m.block_tables), width, m.num_seqs,
+                             m.max_seqlen_q, s, stream_);
+    } else {
+      decode_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
+                            i32(m.context_lens), i32(m.block_tables), width, m.num_seqs, m.max_context_len, s,
+                            f32(m.scratch), stream_);
+    }
+  }
+  void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
+    silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
+  }
+  void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
+    gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
+  }
+  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override {
+    sample_cuda(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),
+                rows.as<const SamplingRow>(), stream_);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Buffer cublas_workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_id) {
+  if (!cuda_available()) fail("--device cuda: no CUDA device is available");
+  return std::make_unique<CudaBackend>(device_id);
+}
+
+bool cuda_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
+}  // namespace nanovllm
+
+#else  // built without CUDA
+
+namespace nanovllm {
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  fail("--device cuda: this build has no CUDA support (nvcc was not found when it was built)");
+}
+bool cuda_available() { return false; }
+}  // namespace nanovllm
+
+#endif

@@ -1,0 +1,197 @@
+// layers.cu: CUDA kernels for the non-attention layers. Memory-bound, so each is written for one pass
+// over its data with 16-byte accesses; arithmetic is fp32, storage bf16. CPU references: layers_cpu.cpp.
+#include <cassert>
+
+#include "04_model_runner/layers.h"
+
+namespace nanovllm {
+
+namespace {
+
+constexpr int kRowThreads = 128;        // one block per row for the row-wise kernels
+constexpr int kMaxChunksPerThread = 8;  // hidden <= 8 * 8 * 128 = 8192
+
+// Sum of v over the block's threads (blockDim.x == kRowThreads); every thread gets the total.
+__device__ float block_sum(float v) {
+  __shared__ float partial[kRowThreads / 32];
+  v = warp_sum(v);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();  // every warp's partial is written before any thread reads them
+  float total = 0;
+#pragma unroll
+  for (int w = 0; w < kRowThreads / 32; w++) total += partial[w];
+  __syncthreads();  // partial[] may be reused by the next call
+  return total;
+}
+
+__global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* ids, int hidden, int vocab_start,
+                                 int vocab_size) {
+  const int row = blockIdx.x;
+  const int local = ids[row] - vocab_start;
+  bf16* dst = out + int64_t(row) * hidden;
+  const bool mine = local >= 0 && local < vocab_size;  // vocab-parallel: other ranks' ids give zeros
+  for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (mine) load_bf16x8(table + int64_t(local) * hidden + 8 * c, v);
+    store_bf16x8(dst + 8 * c, v);
+  }
+}
+
+// out = x / rms(x) * w for one row per block; with RESIDUAL, x += residual first and the (rounded) sum is
+// written back to residual.
+template <bool RESIDUAL>
+__global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps) {
+  const int64_t base = int64_t(blockIdx.x) * hidden;
+  float v[kMaxChunksPerThread][8];
+  float sum_sq = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxChunksPerThread; i++) {
+    int c = threadIdx.x + i * kRowThreads;
+    if (c >= hidden / 8) break;
+    load_bf16x8(x + base + 8 * c, v[i]);
+    if (RESIDUAL) {
+      float r[8];
+      load_bf16x8(residual + base + 8 * c, r);
+#pragma unroll
+      for (int k = 0; k < 8; k++) v[i][k] += r[k];
+      store_bf16x8(residual + base + 8 * c, v[i]);
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) sum_sq += v[i][k] * v[i][k];
+  }
+  const float inv_rms = rsqrtf(block_sum(sum_sq) / hidden + eps);
+#pragma unroll
+  for (int i = 0; i < kMaxChunksPerThread; i++) {
+    int c = threadIdx.x + i * kRowThreads;
+    if (c >= hidden / 8) break;
+    float w[8];
+    load_bf16x8(weight + 8 * c, w);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[i][k] = v[i][k] * inv_rms * w[k];
+    store_bf16x8(out + base + 8 * c, v[i]);
+  }
+}
+
+// One warp per (token, head) of q and k: RMSNorm over head_dim, then rotate-half RoPE. Lane l holds
+// PER_LANE consecutive elements of each half: x1 = x[j], x2 = x[j + D/2], j = l * PER_LANE + e.
+template <int HEAD_DIM>
+__global__ void qk_norm_rope_kernel(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                                    const int32_t* positions, const float* cos_table, const float* sin_table,
+                                    int num_tokens, int num_heads, int num_kv_heads, float eps) {
+  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+  const int warp_global = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int heads = num_heads + num_kv_heads;
+  if (warp_global >= num_tokens * heads) return;
+  const int token = warp_global / heads, head = warp_global % heads;
+  bf16* x = qkv + int64_t(token) * row_stride + int64_t(head) * HEAD_DIM;
+  const bf16* w = head < num_heads ? q_norm : k_norm;
+  float x1[PER_LANE], x2[PER_LANE];
+  float sum_sq = 0;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    int j = lane * PER_LANE + e;
+    x1[e] = __bfloat162float(x[j]);
+    x2[e] = __bfloat162float(x[j + HALF]);
+    sum_sq += x1[e] * x1[e] + x2[e] * x2[e];
+  }
+  const float inv_rms = rsqrtf(warp_sum(sum_sq) / HEAD_DIM + eps);
+  const float* cos_row = cos_table + int64_t(positions[token]) * HALF;
+  const float* sin_row = sin_table + int64_t(positions[token]) * HALF;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    int j = lane * PER_LANE + e;
+    float a = x1[e] * inv_rms * __bfloat162float(w[j]);
+    float b = x2[e] * inv_rms * __bfloat162float(w[j + HALF]);
+    float c = cos_row[j], s = sin_row[j];
+    x[j] = __float2bfloat16(a * c - b * s);
+    x[j + HALF] = __float2bfloat16(b * c + a * s);
+  }
+}
+
+__global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int inter) {
+  const int64_t chunks_per_row = inter / 8;
+  const int64_t chunk = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (chunk >= n * chunks_per_row) return;
+  const int64_t row = chunk / chunks_per_row, c = chunk % chunks_per_row;
+  float g[8], u[8];
+  load_bf16x8(gate_up + row * 2 * inter + 8 * c, g);
+  load_bf16x8(gate_up + row * 2 * inter + inter + 8 * c, u);
+#pragma unroll
+  for (int k = 0; k < 8; k++) g[k] = g[k] / (1.0f + __expf(-g[k])) * u[k];
+  store_bf16x8(out + row * inter + 8 * c, g);
+}
+
+__global__ void gather_rows_kernel(bf16* out, const bf16* x, const int32_t* rows, int cols) {
+  const bf16* src = x + int64_t(rows[blockIdx.x]) * cols;
+  bf16* dst = out + int64_t(blockIdx.x) * cols;
+  for (int c = threadIdx.x; c < cols / 8; c += blockDim.x)
+    *reinterpret_cast<Bf16x8*>(dst + 8 * c) = *reinterpret_cast<const Bf16x8*>(src + 8 * c);
+}
+
+}  // namespace
+
+void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int hidden, int vocab_start,
+                    int vocab_size, cudaStream_t stream) {
+  assert(hidden % 8 == 0);
+  if (n == 0) return;
+  embedding_kernel<<<n, kRowThreads, 0, stream>>>(out, table, ids, hidden, vocab_start, vocab_size);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidden, float eps, cudaStream_t stream) {
+  assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
+  if (n == 0) return;
+  rmsnorm_kernel<false><<<n, kRowThreads, 0, stream>>>(out, nullptr, x, weight, hidden, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
+                      cudaStream_t stream) {
+  assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
+  if (n == 0) return;
+  rmsnorm_kernel<true><<<n, kRowThreads, 0, stream>>>(out, residual, x, weight, hidden, eps);
+  CUDA_CHECK_LAUNCH();
+}
+
+void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                       const int32_t* positions, const float* cos_table, const float* sin_table, int n,
+                       int num_heads, int num_kv_heads, int head_dim, float eps, cudaStream_t stream) {
+  if (n == 0) return;
+  const int warps = n * (num_heads + num_kv_heads), warps_per_block = 4;
+  const int blocks = (warps + warps_per_block - 1) / warps_per_block;
+  switch (head_dim) {
+    case 64:
+      qk_norm_rope_kernel<64><<<blocks, 32 * warps_per_block, 0, stream>>>(
+          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, n, num_heads, num_kv_heads, eps);
+      break;
+    case 128:
+      qk_norm_rope_kernel<128><<<blocks, 32 * warps_per_block, 0, stream>>>(
+          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, n, num_heads, num_kv_heads, eps);
+      break;
+    case 256:
+      qk_norm_rope_kernel<256><<<blocks, 32 * warps_per_block, 0, stream>>>(
+          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, n, num_heads, num_kv_heads, eps);
+      break;
+    default: fail("head_dim ", head_dim, " is not supported by the CUDA kernels (64, 128, 256)");
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream) {
+  assert(inter % 8 == 0);
+  const int64_t chunks = int64_t(n) * inter / 8;
+  if (chunks == 0) return;
+  silu_and_mul_kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream>>>(out, gate_up, n, inter);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream) {
+  assert(cols % 8 == 0);
+  if (m == 0) return;
+  gather_rows_kernel<<<m, kRowThreads, 0, stream>>>(out, x, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,26 @@
+// linear_cuda.cpp: y (n, out) = x (n, in) @ W (out, in)^T through cuBLAS.
+//
+// cuBLAS is column-major. A row-major (rows, cols) matrix is the column-major (cols, rows) matrix with
+// the same memory, so the row-major product y = x W^T is the column-major y^T = W x^T: with A = W
+// (column-major (in, out), used transposed) and B = x (column-major (in, n), used as is),
+// C = y (column-major (out, n)). No copy, no transpose kernel.
+#ifdef NANOVLLM_CUDA
+#include "06_tensor_parallel/linear.h"
+
+namespace nanovllm {
+
+void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
+                 int in_features, int out_features) {
+  if (n == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out_features, n, in_features, &alpha, W,
+                                       CUDA_R_16BF, in_features, x, CUDA_R_16BF, in_features, &beta, y,
+                                       y_is_fp32 ? CUDA_R_32F : CUDA_R_16BF, out_features, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT);
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail("cuBLAS GEMM failed (", cublasGetStatusString(status), ") for (", n, " x ", in_features, ") @ (",
+         out_features, " x ", in_features, ")^T");
+}
+
+}  // namespace nanovllm
+#endif
