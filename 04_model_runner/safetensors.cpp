@@ -346,7 +346,7 @@ void read_as_float(const TensorView& view, float* out) {
       }
       return;
     case DType::F32:
-      std::memcpy(out, p, n * 4);
+      if (n > 0) std::memcpy(out, p, n * 4);  // an empty tensor may come with null pointers
       return;
     default:
       fail(view.file, ": tensor '", view.name, "' is ", dtype_name(view.dtype),
