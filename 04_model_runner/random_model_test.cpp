@@ -65,29 +65,37 @@ Moments moments(const TensorView& view) {
 }  // namespace
 
 TEST(Ch04_RandomModel, KnownValuesFromAnIndependentImplementation) {
-  // Expected words come from a separate Python implementation written from the description in
-  // random_model.h / .cpp (splitmix64 seeding of (seed, tensor index, chunk), xoshiro256**, Box-Muller in
-  // double with math.log / math.cos / math.sin, float32 then bf16 round-to-nearest-even), seed 1234.
-  // Tensor indices follow qwen3_checkpoint_layout: 0 embed_tokens, 1 layers.0.input_layernorm,
-  // 2 layers.0.self_attn.q_proj.
+  // Expected words come from a separate Python implementation (standard library only) written from the
+  // description in random_model.cpp: splitmix64 seeding of (seed, tensor index, chunk of 65536),
+  // xoshiro256**, the polar method in double with math.log and math.sqrt, then float32 and bf16
+  // round-to-nearest-even; seed 1234. Tensor indices follow qwen3_checkpoint_layout: 0 embed_tokens,
+  // 1 layers.0.input_layernorm, 2 layers.0.self_attn.q_proj, 22 layers.1.mlp.down_proj, 24 lm_head.
   TempDir dir;
   write_random_model(small_config(), dir.path(), 1234);
   Checkpoint c = Checkpoint::open(dir.path());
+  auto word_sum = [](const TensorView& view) {
+    uint64_t sum = 0;
+    for (int64_t i = 0; i < view.numel(); i++) sum += word(view, i);
+    return sum;
+  };
   const TensorView& embed = c.get("model.embed_tokens.weight", {2048, 64});
-  EXPECT_EQ(word(embed, 0), 0xbee9);
-  EXPECT_EQ(word(embed, 1), 0xbe96);
-  EXPECT_EQ(word(embed, 2), 0x3fac);
-  EXPECT_EQ(word(embed, 3), 0x3f59);
-  EXPECT_EQ(word(embed, 65536), 0xbe9f);  // the second chunk's own stream
-  EXPECT_EQ(word(embed, 65537), 0xbdeb);
+  EXPECT_EQ(word(embed, 0), 0x3f26);
+  EXPECT_EQ(word(embed, 1), 0x3f88);
+  EXPECT_EQ(word(embed, 2), 0x3e33);
+  EXPECT_EQ(word(embed, 3), 0x3f3e);
+  EXPECT_EQ(word(embed, 65536), 0x3f2f);  // the second chunk's own stream
+  EXPECT_EQ(word(embed, 65537), 0x3e02);
+  EXPECT_EQ(word_sum(embed), 4246712595u);
   const TensorView& norm = c.get("model.layers.0.input_layernorm.weight", {64});
-  EXPECT_EQ(word(norm, 0), 0x3f5d);
-  EXPECT_EQ(word(norm, 1), 0x3f7f);
-  EXPECT_EQ(word(norm, 2), 0x3f86);
+  EXPECT_EQ(word(norm, 0), 0x3f41);
+  EXPECT_EQ(word(norm, 1), 0x3f81);
+  EXPECT_EQ(word(norm, 2), 0x3f70);
   const TensorView& q = c.get("model.layers.0.self_attn.q_proj.weight", {64, 64});
-  EXPECT_EQ(word(q, 0), 0x3c5a);
-  EXPECT_EQ(word(q, 1), 0x3d86);
-  EXPECT_EQ(word(q, 2), 0xbdad);
+  EXPECT_EQ(word(q, 0), 0x3d63);
+  EXPECT_EQ(word(q, 1), 0xbd2e);
+  EXPECT_EQ(word(q, 2), 0x3e40);
+  EXPECT_EQ(word_sum(c.get("model.layers.1.mlp.down_proj.weight", {64, 192})), 393374482u);
+  EXPECT_EQ(word_sum(c.get("lm_head.weight", {2048, 64})), 4232474099u);
 }
 
 TEST(Ch04_RandomModel, SameSeedSameBytesOtherSeedOtherBytes) {
