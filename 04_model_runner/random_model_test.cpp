@@ -223,7 +223,8 @@ TEST(Ch04_RandomModel, CommandLine) {
     Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {});
     return cmd_random_model(flags);
   };
-  EXPECT_THROW(run({"--preset", "tiny"}), UsageError);
+  EXPECT_THROW(run({"--preset", "tiny"}), UsageError);         // no --out
+  EXPECT_THROW(run({"--out", dir / "m"}), UsageError);          // no --preset
   try {
     run({"--preset", "big", "--out", dir / "m"});
     ADD_FAILURE() << "no error";
