@@ -45,8 +45,8 @@ const std::vector<Command>& commands() {
        "hash-blocks [--block-size N]   stdin: JSON Lines of token-id arrays -> the chained xxh64 of each "
        "full block"},
       {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {},
-       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]   write a checkpoint with random "
-       "bf16 weights in the shape of a real Qwen3 (presets: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b)"},
+       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]   a checkpoint with random bf16 "
+       "weights shaped like a real Qwen3"},
   };
   return table;
 }

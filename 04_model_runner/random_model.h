@@ -8,8 +8,8 @@
 //   embed_tokens, lm_head      N(0, 0.5^2)
 //   linear weights [out, in]   N(0, 1 / in)
 //   norm weights               1 + N(0, 0.1^2)
-// The bytes depend only on the seed: our own generator (splitmix64 and xoshiro256**, Box-Muller in
-// double precision), the same sequence on every machine and for any number of threads.
+// The bytes depend only on the seed: our own generator (splitmix64 and xoshiro256**, Marsaglia's polar
+// method in double precision), the same sequence on every machine and for any number of threads.
 #pragma once
 
 #include <cstdint>

@@ -15,6 +15,7 @@
 namespace nanovllm {
 
 int cmd_random_model(const Flags& flags) {
+  if (!flags.has("preset")) throw UsageError("--preset PRESET is required");
   if (!flags.has("out")) throw UsageError("--out DIR is required");
   const std::string preset = flags.get("preset");
   ModelConfig config;

@@ -47,6 +47,12 @@ bool read_non_negative(const Json& value, int64_t* out) {
   return true;
 }
 
+// A JSON value for an error message, cut short: a hostile header could hold a megabyte-long array.
+std::string brief(const Json& value) {
+  std::string text = value.dump();
+  return text.size() <= 48 ? text : text.substr(0, 45) + "...";
+}
+
 // Checks "__metadata__": the Rust library reads it as Option<HashMap<String, String>>, so null or an
 // object of strings. We ignore its content.
 void check_metadata(const Json& metadata, const std::string& source) {
@@ -89,10 +95,13 @@ TensorView parse_entry(const std::string& name, const Json& entry, uint64_t data
   for (const Json& d : field("shape", Json::Type::Array).as_array()) {
     int64_t dim;
     if (!read_non_negative(d, &dim))
-      fail(where, ": field 'shape': entries must be non-negative integers, got ", d.dump());
+      fail(where, ": field 'shape': entries must be non-negative integers, got ", brief(d));
     view.shape.push_back(dim);
-    if (dim != 0 && numel > INT64_MAX / dim) too_large = true;
-    else numel *= dim;
+    if (dim != 0 && numel > INT64_MAX / dim) {
+      too_large = true;
+    } else {
+      numel *= dim;
+    }
   }
   // A zero dimension makes the tensor empty however large the others are.
   if (std::find(view.shape.begin(), view.shape.end(), 0) != view.shape.end()) {
@@ -107,7 +116,7 @@ TensorView parse_entry(const std::string& name, const Json& entry, uint64_t data
   int64_t begin = 0, end = 0;
   if (offsets.size() != 2 || !read_non_negative(offsets[0], &begin) || !read_non_negative(offsets[1], &end))
     fail(where, ": field 'data_offsets': expected [begin, end] as two non-negative integers, got ",
-         entry.at("data_offsets").dump());
+         brief(entry.at("data_offsets")));
   const std::string span = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
   if (end < begin) fail(where, ": ", span, " end before they begin");
   if (end - begin != nbytes)
@@ -346,7 +355,7 @@ void read_as_float(const TensorView& view, float* out) {
       }
       return;
     case DType::F32:
-      std::memcpy(out, p, n * 4);
+      if (n > 0) std::memcpy(out, p, n * 4);  // an empty tensor may come with null pointers
       return;
     default:
       fail(view.file, ": tensor '", view.name, "' is ", dtype_name(view.dtype),

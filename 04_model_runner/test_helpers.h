@@ -2,7 +2,7 @@
 // message of an expected Error). Header-only, so it is not part of the chapter's library.
 #pragma once
 
-#include <dirent.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -17,7 +17,7 @@
 
 namespace nanovllm::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its files (one level deep) at the end.
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end.
 class TempDir {
  public:
   TempDir() {
@@ -29,14 +29,9 @@ class TempDir {
     path_ = buffer.data();
   }
   ~TempDir() {
-    if (DIR* d = opendir(path_.c_str())) {
-      while (dirent* e = readdir(d)) {
-        std::string name = e->d_name;
-        if (name != "." && name != "..") std::remove((path_ + "/" + name).c_str());
-      }
-      closedir(d);
-    }
-    rmdir(path_.c_str());
+    // Depth first (FTW_DEPTH), not following symbolic links (FTW_PHYS).
+    nftw(path_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return std::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
