@@ -118,12 +118,12 @@ clean:
 
 define chapter_test_rule
 $(BUILD)/test_ch$(1): $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_test_srcs,$(1))) $(call chapter_link_objs,$(1))
-	$$(CXX) $$(LDFLAGS) -o $$@ $$^ -lgtest -lgtest_main $$(LDLIBS)
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ -lgtest_main -lgtest $$(LDLIBS)
 endef
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_test_rule,$(c))))
 
 $(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(filter-out %/main.cpp.o,$(ENTRY_OBJS)) $(ALL_OBJS)
-	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest -lgtest_main $(LDLIBS)
+	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest_main -lgtest $(LDLIBS)
 
 $(BUILD)/obj/%.cpp.o: %.cpp
 	@mkdir -p $(@D)
