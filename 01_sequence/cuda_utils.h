@@ -27,6 +27,16 @@ namespace nanovllm {
 
 using bf16 = __nv_bfloat16;
 
+// True when a CUDA device is present (false on CI machines, where GPU tests skip).
+inline bool cuda_device_present() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return count > 0;
+}
+
 #ifdef __CUDACC__
 
 // 8 bf16 values moved as one 16-byte access (the widest a thread can load), converted to/from fp32.

@@ -49,6 +49,16 @@ class Backend {
   virtual void download(void* host, const Tensor& src) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
+  // Device memory: free and total bytes (the CPU reports 0, 0).
+  virtual void memory_info(size_t* free_bytes, size_t* total_bytes) const { *free_bytes = *total_bytes = 0; }
+
+  // CUDA graphs: record the operations queued between begin_capture() and end_capture() once, then
+  // replay them with one launch (a no-op fallback on the CPU, which never captures).
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() {}
+  virtual int end_capture() { return -1; }  // an id for replay()
+  virtual void replay(int /*graph*/) {}
+
   // Bytes of AttentionMetadata::scratch that decode attention needs for these limits.
   virtual size_t attention_scratch_bytes(int /*max_seqs*/, int /*max_context_len*/, const AttentionShape&) const {
     return 0;

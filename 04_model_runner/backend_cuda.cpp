@@ -3,6 +3,7 @@
 // are cuBLAS GEMMs. Everything is queued on one stream, so that a decode step can be captured as a CUDA
 // graph and replayed.
 #include <cassert>
+#include <vector>
 
 #include "04_model_runner/backend.h"
 
@@ -38,6 +39,7 @@ class CudaBackend final : public Backend {
     cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes());
   }
   ~CudaBackend() override {
+    for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -55,6 +57,23 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override {
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+  }
+
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override { CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
+  int end_capture() override {
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
+    graphs_.push_back(exec);
+    return int(graphs_.size()) - 1;
+  }
+  void replay(int graph) override { CUDA_CHECK(cudaGraphLaunch(graphs_.at(size_t(graph)), stream_)); }
+
   size_t attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) const override {
     return decode_attention_scratch_bytes(max_seqs, max_context_len, s);
   }
@@ -115,6 +134,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
+  std::vector<cudaGraphExec_t> graphs_;
 };
 
 }  // namespace
@@ -124,14 +144,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device_id) {
   return std::make_unique<CudaBackend>(device_id);
 }
 
-bool cuda_available() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
+bool cuda_available() { return cuda_device_present(); }
 
 }  // namespace nanovllm
 

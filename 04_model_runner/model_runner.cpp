@@ -10,21 +10,23 @@ namespace {
 // The CPU has no memory figure as telling as the GPU's: give the KV cache a fixed budget unless the user
 // sets --kv-cache-blocks, but always room for one sequence of max_model_len.
 constexpr size_t kCpuKvBudgetBytes = size_t(1) << 30;
+// GPU memory kept out of the KV cache for what we do not allocate ourselves: CUDA graphs, the CUDA
+// context's own growth, cuBLAS internals.
+constexpr size_t kGpuReserveBytes = size_t(256) << 20;
 
 }  // namespace
 
 ModelRunner::ModelRunner(EngineConfig& config)
-    : block_size_(config.kvcache_block_size), checkpoint_(Checkpoint::open(config.model)) {
+    : block_size_(config.kvcache_block_size),
+      enforce_eager_(config.enforce_eager),
+      checkpoint_(Checkpoint::open(config.model)) {
   ModelConfig mc = ModelConfig::load(config.model);
   if (config.tensor_parallel_size != 1)
     fail("tensor_parallel_size ", config.tensor_parallel_size, " is not supported yet (1 only)");
   const int tp = 1, tp_rank = 0;
 
-  if (config.device == "" || config.device == "cpu") {
-    backend_ = make_cpu_backend();
-  } else {
-    fail("device '", config.device, "' is not available in this build");
-  }
+  if (config.device.empty()) config.device = cuda_available() ? "cuda" : "cpu";
+  backend_ = config.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
 
   config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);
   max_model_len_ = config.max_model_len;
@@ -35,26 +37,8 @@ ModelRunner::ModelRunner(EngineConfig& config)
 
   model_ = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*backend_, checkpoint_, mc, tp_rank, tp), tp_rank, tp);
   workspace_ = make_qwen3_workspace(*backend_, mc, tp, max_tokens_, max_seqs_, max_model_len_);
-
-  // The KV cache: 2 (K and V) x layers x blocks x block_size x kv_heads x head_dim elements.
-  const HeadLayout heads = model_->heads();
-  const DType kv_dtype = backend_->act_dtype();
-  const size_t block_bytes = 2 * size_t(mc.num_hidden_layers) * block_size_ * heads.kv_dim() * dtype_size(kv_dtype);
-  if (config.num_kvcache_blocks > 0) {
-    num_blocks_ = config.num_kvcache_blocks;
-  } else {
-    num_blocks_ = std::max(int(kCpuKvBudgetBytes / block_bytes), block_table_width_);
-  }
-  config.num_kvcache_blocks = num_blocks_;
-  kv_storage_ = Buffer(backend_->device(), block_bytes * num_blocks_);
-  const size_t layer_bytes = block_bytes / (2 * mc.num_hidden_layers) * num_blocks_;
-  for (int l = 0; l < mc.num_hidden_layers; l++) {
-    char* base = static_cast<char*>(kv_storage_.data());
-    k_caches_.emplace_back(base + layer_bytes * l, kv_dtype, backend_->device(),
-                           std::initializer_list<int64_t>{num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim});
-    v_caches_.emplace_back(base + layer_bytes * (mc.num_hidden_layers + l), kv_dtype, backend_->device(),
-                           std::initializer_list<int64_t>{num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim});
-  }
+  const AttentionShape shape = model_->attention_shape(block_size_);
+  attention_scratch_ = Buffer(backend_->device(), backend_->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
 
   // Step inputs on the device.
   const int64_t T = max_tokens_, B = max_seqs_, W = block_table_width_;
@@ -73,6 +57,45 @@ ModelRunner::ModelRunner(EngineConfig& config)
   block_tables_ = arena.take(DType::I32, {B, W});
   sampling_ = arena.take(DType::U8, {B, int64_t(row_bytes)});
   step_storage_ = std::move(arena.buffer());
+
+  // Everything else is allocated: what is left of the budget becomes the KV cache.
+  allocate_kv_cache(config);
+  if (backend_->supports_graphs() && !enforce_eager_) capture_cuda_graphs();
+}
+
+void ModelRunner::allocate_kv_cache(EngineConfig& config) {
+  const ModelConfig& mc = model_->config();
+  const HeadLayout heads = model_->heads();
+  const DType kv_dtype = backend_->act_dtype();
+  // One block: 2 (K and V) x layers x block_size x kv_heads x head_dim elements.
+  kv_block_bytes_ = 2 * size_t(mc.num_hidden_layers) * block_size_ * heads.kv_dim() * dtype_size(kv_dtype);
+  if (config.num_kvcache_blocks > 0) {
+    num_blocks_ = config.num_kvcache_blocks;
+  } else if (backend_->device() == Device::CPU) {
+    num_blocks_ = std::max(int(kCpuKvBudgetBytes / kv_block_bytes_), block_table_width_);
+  } else {
+    // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
+    // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
+    // formula is exact, with a small reserve for what CUDA itself allocates later.
+    size_t free_bytes, total_bytes;
+    backend_->memory_info(&free_bytes, &total_bytes);
+    const double budget = double(total_bytes) * config.gpu_memory_utilization - double(total_bytes - free_bytes) -
+                          double(kGpuReserveBytes);
+    num_blocks_ = budget > 0 ? int(budget / double(kv_block_bytes_)) : 0;
+    if (num_blocks_ < 1)
+      fail("no GPU memory left for the KV cache (", (total_bytes - free_bytes) >> 20, " MiB in use of ", total_bytes >> 20,
+           " MiB; raise --gpu-memory-utilization or lower --max-num-batched-tokens / --max-num-seqs)");
+  }
+  config.num_kvcache_blocks = num_blocks_;
+  kv_storage_ = Buffer(backend_->device(), kv_block_bytes_ * num_blocks_);
+  const size_t layer_bytes = kv_block_bytes_ / (2 * mc.num_hidden_layers) * num_blocks_;
+  char* base = static_cast<char*>(kv_storage_.data());
+  for (int l = 0; l < mc.num_hidden_layers; l++) {
+    // kv[0, l] and kv[1, l] of the (2, layers, blocks, block_size, kv_heads, head_dim) allocation.
+    const std::initializer_list<int64_t> dims = {num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim};
+    k_caches_.emplace_back(base + layer_bytes * l, kv_dtype, backend_->device(), dims);
+    v_caches_.emplace_back(base + layer_bytes * (mc.num_hidden_layers + l), kv_dtype, backend_->device(), dims);
+  }
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -144,7 +167,7 @@ StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const
 // ---------------------------------------------------------------------------------------------------
 // Running
 
-ForwardInputs ModelRunner::upload(const StepInputs& in) {
+ForwardInputs ModelRunner::upload(const StepInputs& in, int max_context_len) {
   const int T = in.num_tokens(), B = in.num_seqs();
   if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
   ForwardInputs f;
@@ -154,6 +177,8 @@ ForwardInputs ModelRunner::upload(const StepInputs& in) {
   f.attention.num_seqs = B;
   f.attention.slot_mapping = slot_mapping_.slice_rows(0, T);
   f.attention.block_tables = block_tables_.slice_rows(0, B);
+  f.attention.scratch = Tensor(attention_scratch_.data(), DType::F32, backend_->device(),
+                               {int64_t(attention_scratch_.bytes() / 4)});
   backend_->upload(f.input_ids, in.input_ids.data());
   backend_->upload(f.positions, in.positions.data());
   backend_->upload(f.attention.slot_mapping, in.slot_mapping.data());
@@ -169,28 +194,95 @@ ForwardInputs ModelRunner::upload(const StepInputs& in) {
     backend_->upload(f.last_token_rows, in.last_token_rows.data());
   } else {
     f.attention.context_lens = context_lens_.slice_rows(0, B);
-    f.attention.max_context_len = in.max_seqlen_k;
+    f.attention.max_context_len = max_context_len;
     backend_->upload(f.attention.context_lens, in.context_lens.data());
   }
   backend_->upload(sampling_.slice_rows(0, B), in.sampling.data());
   return f;
 }
 
+std::vector<int> ModelRunner::graph_batch_sizes() const {
+  std::vector<int> sizes;
+  for (const auto& g : graphs_) sizes.push_back(g.first);
+  return sizes;
+}
+
+void ModelRunner::capture_cuda_graphs() {
+  // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself so that
+  // every decode batch has a graph (nano-vllm crashes when max_num_seqs is not a multiple of 16).
+  std::vector<int> sizes;
+  for (int bs : {1, 2, 4, 8})
+    if (bs < max_seqs_) sizes.push_back(bs);
+  for (int bs = 16; bs < max_seqs_; bs += 16) sizes.push_back(bs);
+  sizes.push_back(max_seqs_);
+  for (int bs : sizes) {
+    // Capture on dummy inputs: padding rows (slot -1, context 0) that write nothing and read nothing.
+    StepInputs in;
+    in.is_prefill = false;
+    in.input_ids.assign(size_t(bs), 0);
+    in.positions.assign(size_t(bs), 0);
+    in.slot_mapping.assign(size_t(bs), -1);
+    in.context_lens.assign(size_t(bs), 0);
+    in.block_tables.assign(size_t(bs) * block_table_width_, -1);
+    in.sampling.assign(size_t(bs), SamplingRow{0.0f, 0, 1.0f, 0, 0});
+    // The grid of the decode kernel must cover any context: size it for max_model_len.
+    ForwardInputs f = upload(in, max_model_len_);
+    model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);  // warm-up outside the capture
+    backend_->synchronize();
+    backend_->begin_capture();
+    model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
+    model_->compute_logits(*backend_, f, workspace_, bs);
+    backend_->sample(tokens_.slice_rows(0, bs), workspace_.logits.slice_rows(0, bs), sampling_.slice_rows(0, bs));
+    graphs_.push_back({bs, backend_->end_capture()});
+  }
+  backend_->synchronize();
+}
+
+void ModelRunner::execute(const ForwardInputs& f, int num_seqs) {
+  model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
+  model_->compute_logits(*backend_, f, workspace_, num_seqs);
+  backend_->sample(tokens_.slice_rows(0, num_seqs), workspace_.logits.slice_rows(0, num_seqs),
+                   sampling_.slice_rows(0, num_seqs));
+}
+
 std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits) {
   StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
   const int B = in.num_seqs();
-  ForwardInputs f = upload(in);
-  model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
-  model_->compute_logits(*backend_, f, workspace_, B);
-  Tensor tokens = tokens_.slice_rows(0, B);
-  backend_->sample(tokens, workspace_.logits.slice_rows(0, B), sampling_.slice_rows(0, B));
-  std::vector<int32_t> out(size_t(B), 0);
-  backend_->download(out.data(), tokens);
-  if (logits) {
-    Tensor l = workspace_.logits.slice_rows(0, B);
-    logits->resize(size_t(l.numel()));
-    backend_->download(logits->data(), l);
+  // Decode under a CUDA graph: the smallest captured batch that holds B sequences, padded.
+  const auto graph = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.first >= B; });
+  if (!is_prefill && graph != graphs_.end()) {
+    const int bs = graph->first;
+    in.input_ids.resize(size_t(bs), 0);
+    in.positions.resize(size_t(bs), 0);
+    in.slot_mapping.resize(size_t(bs), -1);    // padding rows store nothing...
+    in.context_lens.resize(size_t(bs), 0);     // ...and attend to nothing
+    in.block_tables.resize(size_t(bs) * block_table_width_, -1);
+    in.sampling.resize(size_t(bs), SamplingRow{0.0f, 0, 1.0f, 0, 0});
+    upload(in, max_model_len_);
+    backend_->replay(graph->second);
+  } else {
+    execute(upload(in, in.max_seqlen_k), B);
   }
+
+  std::vector<int32_t> out(size_t(B), 0);
+  const Tensor step_logits = workspace_.logits.slice_rows(0, B);
+  // Top-k / top-p rows are sampled on the host from the logits (the GPU sampler does greedy and
+  // temperature only); the device's tokens for the other rows stand.
+  bool host_sampling = false;
+  for (int b = 0; b < B; b++) host_sampling |= in.sampling[b].top_k > 0 || in.sampling[b].top_p < 1.0f;
+  std::vector<float> host_logits;
+  if (logits || host_sampling) {
+    host_logits.resize(size_t(step_logits.numel()));
+    backend_->download(host_logits.data(), step_logits);
+  }
+  backend_->download(out.data(), tokens_.slice_rows(0, B));
+  if (host_sampling) {
+    const int vocab = int(step_logits.row_size());
+    for (int b = 0; b < B; b++)
+      if (in.sampling[b].top_k > 0 || in.sampling[b].top_p < 1.0f)
+        out[b] = sample_row_cpu(host_logits.data() + int64_t(b) * vocab, vocab, in.sampling[b]);
+  }
+  if (logits) *logits = std::move(host_logits);
   return out;
 }
 

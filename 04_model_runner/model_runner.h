@@ -57,23 +57,34 @@ class ModelRunner {
   Device device() const { return backend_->device(); }
   int num_kvcache_blocks() const { return num_blocks_; }
   size_t kv_cache_bytes() const { return kv_storage_.bytes(); }
+  size_t kv_block_bytes() const { return kv_block_bytes_; }
+  // Decode batch sizes with a captured CUDA graph (empty on the CPU or with --enforce-eager).
+  std::vector<int> graph_batch_sizes() const;
 
  private:
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
-  ForwardInputs upload(const StepInputs& in);
+  ForwardInputs upload(const StepInputs& in, int max_context_len);
+  void allocate_kv_cache(EngineConfig& config);
+  void capture_cuda_graphs();
+  // forward + logits + sampling of a step whose inputs are uploaded: replayed from a graph when one fits.
+  void execute(const ForwardInputs& f, int num_seqs);
 
   int block_size_;
   int max_model_len_;
   int block_table_width_;  // ceil(max_model_len / block_size)
   int max_tokens_, max_seqs_;
   int num_blocks_;
+  size_t kv_block_bytes_ = 0;
+  bool enforce_eager_;
   std::unique_ptr<Backend> backend_;
   Checkpoint checkpoint_;
   std::unique_ptr<Qwen3Model> model_;
   Qwen3Workspace workspace_;
   Buffer kv_storage_;
   std::vector<Tensor> k_caches_, v_caches_;  // per layer: (num_blocks, block_size, kv_heads, head_dim)
+  Buffer attention_scratch_;                 // decode attention's partial results (GPU)
+  std::vector<std::pair<int, int>> graphs_;  // (batch size, graph id), ascending batch size
   // Device copies of StepInputs, sized for the largest step.
   Buffer step_storage_;
   Tensor input_ids_, positions_, slot_mapping_, cu_seqlens_q_, cu_seqlens_k_, context_lens_, block_tables_,

@@ -1,0 +1,38 @@
+// The GPU sampler picks the same tokens as the CPU sampler from the same logits and random streams.
+#include <gtest/gtest.h>
+
+#ifdef NANOVLLM_CUDA
+#include "07_sampler/sampler.h"
+#include "tests/cuda_test_util.h"
+
+using namespace nanovllm;
+using namespace nanovllm::test;
+
+TEST(Ch07_SamplerCuda, SameTokensAsCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(10);
+  for (int vocab : {512, 1000, 151936}) {
+    const int rows = 64;
+    std::vector<float> logits = random_bf16_values(size_t(rows) * vocab, rng, 3.0f);
+    std::vector<SamplingRow> settings(rows);
+    for (int b = 0; b < rows; b++) {
+      float temperature = b % 4 == 0 ? 0.0f : 0.3f + 0.1f * float(b % 9);
+      settings[b] = {temperature, 0, 1.0f, uint64_t(rng()), uint64_t(b * 7)};
+    }
+    // A tie: the lowest index must win on both.
+    logits[5] = logits[9] = 100.0f;
+    std::vector<int32_t> want(rows);
+    sample_cpu(want.data(), logits.data(), rows, vocab, settings.data());
+    EXPECT_EQ(want[0], 5);
+    DeviceArray<float> d_logits(logits);
+    DeviceArray<SamplingRow> d_rows(settings);
+    DeviceArray<int32_t> d_tokens{static_cast<size_t>(rows)};
+    d_tokens.poison();
+    sample_cuda(d_tokens.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0);
+    EXPECT_EQ(d_tokens.get(), want) << "vocab " << vocab;
+  }
+}
+
+#else
+TEST(Ch07_SamplerCuda, Skipped) { GTEST_SKIP() << "built without CUDA"; }
+#endif

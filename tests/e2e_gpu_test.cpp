@@ -1,0 +1,123 @@
+// The engine on the GPU against Hugging Face's golden data (bf16 path: logits within 2e-2 relative
+// error; greedy tokens equal up to the first step whose golden margin is below 0.25, the bf16 noise),
+// in every engine shape: CUDA graphs on and off, chunked prefill, preemption, block sizes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "01_sequence/llm_engine.h"
+#include "02_scheduler/scheduler.h"
+#include "04_model_runner/backend.h"
+#include "04_model_runner/model_runner.h"
+#include "tests/test_util.h"
+
+using namespace nanovllm;
+
+namespace {
+
+struct Golden {
+  std::vector<std::vector<int32_t>> prompts, tokens;
+  std::vector<std::vector<double>> logits, margins;
+};
+
+Golden load(const std::string& model) {
+  Json golden = test::read_json(test::data_path("golden/" + model + ".golden.json"));
+  Golden g;
+  for (const Json& c : golden.at("cases").as_array()) {
+    std::vector<int32_t> prompt, tokens;
+    std::vector<double> logits, margins;
+    for (const Json& id : c.at("prompt_ids").as_array()) prompt.push_back(int32_t(id.as_int64()));
+    for (const Json& v : c.at("last_logits").as_array()) logits.push_back(v.as_double());
+    for (const Json& s : c.at("greedy").as_array()) {
+      tokens.push_back(int32_t(s.at("token").as_int64()));
+      margins.push_back(s.at("margin").as_double());
+    }
+    g.prompts.push_back(prompt), g.tokens.push_back(tokens), g.logits.push_back(logits), g.margins.push_back(margins);
+  }
+  return g;
+}
+
+EngineConfig gpu_config(const std::string& model) {
+  EngineConfig c;
+  c.model = test::data_path("golden/" + model);
+  c.device = "cuda";
+  c.gpu_memory_utilization = 0.3f;  // leave the GPU to others; the tiny models need little
+  c.max_num_seqs = 64;
+  return c;
+}
+
+// Greedy tokens agree with the golden ones up to the first step whose golden margin is under 0.25.
+void expect_golden_greedy(const Golden& g, const std::vector<GenerateOutput>& outputs, const std::string& what) {
+  for (size_t i = 0; i < g.prompts.size(); i++)
+    for (size_t step = 0; step < g.tokens[i].size(); step++) {
+      ASSERT_EQ(outputs[i].token_ids[step], g.tokens[i][step]) << what << ": case " << i << " step " << step;
+      if (g.margins[i][step] < 0.25) break;
+    }
+}
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0, p.max_tokens = n, p.ignore_eos = true;
+  return p;
+}
+
+}  // namespace
+
+TEST(E2E_Gpu, LogitsMatchTransformers) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    LLMEngine engine(gpu_config(model));
+    for (size_t i = 0; i < g.prompts.size(); i++) {
+      engine.add_request(g.prompts[i], greedy(1));
+      std::vector<float> logits;
+      while (!engine.is_finished()) engine.step(nullptr, &logits);
+      double num = 0, den = 0;
+      for (size_t v = 0; v < g.logits[i].size(); v++)
+        num += (logits[v] - g.logits[i][v]) * (logits[v] - g.logits[i][v]), den += g.logits[i][v] * g.logits[i][v];
+      EXPECT_LE(std::sqrt(num / den), 2e-2) << model << " case " << i;
+    }
+  }
+}
+
+TEST(E2E_Gpu, GreedyMatchesTransformersInEveryEngineShape) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  int64_t preemptions = 0, chunks = 0;
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    for (bool eager : {false, true}) {
+      for (int block_size : {16, 256}) {
+        for (bool tight : {false, true}) {
+          EngineConfig c = gpu_config(model);
+          c.enforce_eager = eager;
+          c.kvcache_block_size = block_size;
+          if (tight) {
+            c.max_num_batched_tokens = 100;  // chunked prefill
+            c.num_kvcache_blocks = ceil_div(600 + 24 - 1, block_size) + 1;  // preemption
+          }
+          LLMEngine engine(c);
+          std::string what = model + (eager ? " eager" : " graphs") + " block " + std::to_string(block_size) +
+                             (tight ? " tight" : "");
+          expect_golden_greedy(g, engine.generate(g.prompts, {greedy(24)}), what);
+          preemptions += engine.scheduler().num_preemptions();
+          chunks += engine.scheduler().num_chunked_prefills();
+          if (!eager) EXPECT_FALSE(engine.model_runner().graph_batch_sizes().empty());
+        }
+      }
+    }
+  }
+  EXPECT_GT(preemptions, 0);
+  EXPECT_GT(chunks, 0);
+}
+
+TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Golden g = load("tiny-qwen3-a");
+  SamplingParams p;
+  p.temperature = 0.7f, p.max_tokens = 16, p.ignore_eos = true;
+  EngineConfig c = gpu_config("tiny-qwen3-a");
+  c.seed = 5;
+  auto first = LLMEngine(c).generate(g.prompts, {p});
+  auto again = LLMEngine(c).generate(g.prompts, {p});
+  for (size_t i = 0; i < first.size(); i++) EXPECT_EQ(first[i].token_ids, again[i].token_ids) << "case " << i;
+}
