@@ -33,10 +33,13 @@ SAMPLER_HD inline uint64_t mix64(uint64_t z) {
 }
 
 // The uniform number for vocabulary entry `index` when generating the token at position `step` of a
-// request with seed `seed`: 24 random bits mapped to the open interval (0, 1).
+// request with seed `seed`: 23 random bits k mapped to (k + 0.5) / 2^23, in the open interval (0, 1).
+// 23 bits, not 24: k + 0.5 then has at most 24 significant bits and is exact in fp32. With 24 bits,
+// 16777215 + 0.5 rounds to 16777216 and u = 1.0 exactly, once in 2^24 draws: Gumbel noise +inf, and that
+// token wins whatever its logit (about 1 step in 110 over a 151,936-token vocabulary).
 SAMPLER_HD inline float sampler_uniform(uint64_t seed, uint64_t step, uint32_t index) {
   uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + index + 1));
-  return (float(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  return (float(z >> 41) + 0.5f) * (1.0f / 8388608.0f);
 }
 
 // Gumbel(0, 1) noise: -log(-log u).
