@@ -55,7 +55,8 @@ deps_07 := 01
 deps_04 := 01 05 06 07
 
 # The entry (LLMEngine and the command line) sits in 01_sequence but calls everything: it is linked last.
-ENTRY_SRCS := 01_sequence/llm_engine.cpp 01_sequence/engine_cli.cpp 01_sequence/main.cpp
+ENTRY_SRCS := 01_sequence/llm_engine.cpp 01_sequence/engine_cli.cpp 01_sequence/bench_cli.cpp \
+              01_sequence/main.cpp
 
 chapter_dir  = $(wildcard $(1)_*)
 chapter_srcs = $(filter-out %_test.cpp $(ENTRY_SRCS),$(wildcard $(call chapter_dir,$(1))/*.cpp)) \

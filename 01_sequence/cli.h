@@ -44,5 +44,6 @@ int cmd_random_model(const Flags& flags);  // 04_model_runner/random_model_cli.c
 // Subcommands that run the engine are part of the entry (01_sequence/engine_cli.cpp).
 int cmd_generate(const Flags& flags);
 int cmd_logits(const Flags& flags);
+int cmd_bench(const Flags& flags);  // 01_sequence/bench_cli.cpp
 
 }  // namespace nanovllm

@@ -45,7 +45,8 @@ std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>*
   bool is_prefill;
   std::vector<Sequence*> seqs = scheduler_->schedule(&is_prefill);
   int scheduled_tokens = 0;
-  for (const Sequence* s : seqs) scheduled_tokens += s->num_scheduled_tokens;
+  int64_t context_tokens = 0;
+  for (const Sequence* s : seqs) scheduled_tokens += s->num_scheduled_tokens, context_tokens += s->num_tokens();
   std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before) : "";
 
   std::vector<int32_t> tokens = model_runner_->run(seqs, is_prefill, logits);
@@ -57,6 +58,7 @@ std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>*
     stats_.prefill_steps++, stats_.prefill_tokens += scheduled_tokens, stats_.prefill_seconds += seconds;
   } else {
     stats_.decode_steps++, stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
+    stats_.decode_context_tokens += context_tokens;
   }
   if (!trace.empty()) std::fprintf(stderr, "%s\n", trace.c_str());
 

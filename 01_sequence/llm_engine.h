@@ -35,6 +35,7 @@ struct GenerateOutput {
 struct EngineStats {
   int64_t steps = 0, prefill_steps = 0, decode_steps = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0;
+  int64_t decode_context_tokens = 0;  // sum of context lengths over decode steps: the K/V tokens read
   double prefill_seconds = 0, decode_seconds = 0;
 };
 

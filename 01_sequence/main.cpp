@@ -39,6 +39,12 @@ const std::vector<Command>& commands() {
        plus(kEngineSwitches, {"chat", "ignore-eos", "json"}),
        "generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [--chat] [--max-tokens N] [--temperature T] "
        "[--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]"},
+      {"bench", nanovllm::cmd_bench,
+       {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
+        "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed"},
+       {"enforce-eager", "trace"},
+       "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
+       "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
       {"logits", nanovllm::cmd_logits, plus(kEngineFlags, {"prompt-ids"}), kEngineSwitches,
        "logits --model DIR [--device cpu|cuda] --prompt-ids 1,2,3   -> the vocabulary logits after the last token"},
       {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},
