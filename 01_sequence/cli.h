@@ -39,6 +39,10 @@ class Flags {
 };
 
 // Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
-int cmd_hash_blocks(const Flags& flags);  // 03_block_manager/hash_blocks_cli.cpp
+int cmd_hash_blocks(const Flags& flags);        // 03_block_manager/hash_blocks_cli.cpp
+int cmd_tokenize(const Flags& flags);           // 01_sequence/text_cli.cpp
+int cmd_detokenize(const Flags& flags);         // 01_sequence/text_cli.cpp
+int cmd_chat_template(const Flags& flags);      // 01_sequence/text_cli.cpp
+int cmd_bench_tokenizer(const Flags& flags);    // 01_sequence/text_cli.cpp
 
 }  // namespace nanovllm
