@@ -376,14 +376,14 @@ void Tokenizer::check_pipeline(const Json& root, std::string_view source) const 
   }
 }
 
-void Tokenizer::set_token(int32_t id, std::string token, bool added, std::string_view source) {
+void Tokenizer::set_token(int32_t id, std::string token, bool added) {
   if (id >= int32_t(tokens_.size())) {
     tokens_.resize(size_t(id) + 1);
     bytes_.resize(size_t(id) + 1);
     kind_.resize(size_t(id) + 1, 0);
   }
   if (kind_[id] != 0 && tokens_[id] != token)
-    fail(source, ": token id ", id, " is given to both '", tokens_[id], "' and '", token, "'");
+    fail("token id ", id, " is given to both '", tokens_[id], "' and '", token, "'");
   bytes_[id] = token_to_bytes(token);
   token_ids_[token] = id;
   tokens_[id] = std::move(token);
@@ -401,15 +401,17 @@ void Tokenizer::load_model(const Json& model, std::string_view source) {
         !optional_string(model, "end_of_word_suffix").empty())
       fail("unsupported option (dropout, byte_fallback, ignore_merges or a subword prefix/suffix)");
 
+    const Json& vocab_json = model.at("vocab");
+    const Json& merges_json = model.at("merges");
     where = "model.vocab";
-    const auto& vocab = model.at("vocab").as_object();
+    const auto& vocab = vocab_json.as_object();
     token_ids_.reserve(vocab.size() + 64);
     for (const auto& [token, value] : vocab) {
       where = "model.vocab['" + token + "']";
       int64_t id = value.as_int64();
       if (id < 0 || id > kMaxTokenId) fail("id ", id, " is out of range [0, ", kMaxTokenId, "]");
       if (token.empty()) fail("empty token");
-      set_token(int32_t(id), token, false, source);
+      set_token(int32_t(id), token, false);
     }
     where = "model.vocab";
     for (int b = 0; b < 256; b++) {
@@ -422,7 +424,8 @@ void Tokenizer::load_model(const Json& model, std::string_view source) {
 
     // Merges: ["Ġ", "t"] pairs (tokenizers >= 0.20) or "Ġ t" strings (older files). The rank is the
     // position in the list: earlier merges were more frequent in training and are applied first.
-    const auto& merges = model.at("merges").as_array();
+    where = "model.merges";
+    const auto& merges = merges_json.as_array();
     merges_.reserve(merges.size());
     for (size_t rank = 0; rank < merges.size(); rank++) {
       where = "model.merges[" + std::to_string(rank) + "]";
@@ -465,7 +468,7 @@ void Tokenizer::load_added_tokens(const Json& added, std::string_view source) {
       // spaces around them; other settings would need code that Qwen3 never exercises.
       for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
         if (optional_bool(entry, flag)) fail("'", flag, "': true is not supported");
-      set_token(int32_t(id), content, true, source);
+      set_token(int32_t(id), content, true);
       if (optional_bool(entry, "special")) kind_[id] = 3;
       added_.push_back({content, int32_t(id)});
       added_first_byte_[static_cast<unsigned char>(content[0])] = true;

@@ -93,7 +93,7 @@ class Tokenizer {
   void load_model(const Json& model, std::string_view source);
   void load_added_tokens(const Json& added, std::string_view source);
   void check_pipeline(const Json& root, std::string_view source) const;
-  void set_token(int32_t id, std::string token, bool added, std::string_view source);
+  void set_token(int32_t id, std::string token, bool added);
 
   void encode_segment(std::string_view text, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
