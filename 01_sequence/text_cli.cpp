@@ -84,8 +84,9 @@ int cmd_detokenize(const Flags& flags) {
     if (!value.is_array()) fail("expected a JSON array of token ids, got ", Json::type_name(value.type()));
     std::vector<int32_t> ids;
     for (const Json& id : value.as_array()) {
-      if (!id.is_integer() || id.as_int64() < 0 || id.as_int64() >= tokenizer.vocab_size())
-        fail("unknown token id ", id.dump(), " (the vocabulary has ids 0..", tokenizer.vocab_size() - 1, ")");
+      if (!id.is_integer()) fail("token ids must be integers, got ", id.dump());
+      if (id.as_int64() < 0 || id.as_int64() >= tokenizer.vocab_size())
+        fail("unknown token id ", id.as_int64(), " (the vocabulary has ids 0..", tokenizer.vocab_size() - 1, ")");
       ids.push_back(int32_t(id.as_int64()));
     }
     std::string out;

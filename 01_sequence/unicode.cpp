@@ -135,36 +135,31 @@ std::string nfc_normalize(std::string_view text) {
   if (is_nfc_quick(text)) return std::string(text);
 
   // 1. Decompose.
-  std::vector<uint32_t> cps;
-  cps.reserve(text.size());
+  std::vector<uint32_t> decomposed;
+  decomposed.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     uint32_t cp = 0;
     size_t len = utf8_decode(text.data() + i, text.size() - i, &cp);
-    if (len == 0) {  // the caller promised valid UTF-8; keep the byte's value rather than loop forever
+    if (len == 0) {  // the caller promised valid UTF-8; keep going rather than loop forever
       cp = 0xFFFD;
       len = 1;
     }
-    decompose(cp, cps);
+    decompose(cp, decomposed);
     i += len;
   }
 
   // 2. Canonical ordering: a stable sort by combining class of every run of non-starters.
-  std::vector<uint8_t> ccc(cps.size());
-  for (size_t i = 0; i < cps.size(); i++) ccc[i] = combining_class(cps[i]);
+  struct Mark {
+    uint32_t cp;
+    uint8_t ccc;
+  };
+  std::vector<Mark> cps(decomposed.size());
+  for (size_t i = 0; i < cps.size(); i++) cps[i] = {decomposed[i], combining_class(decomposed[i])};
   for (size_t i = 0; i < cps.size();) {
-    if (ccc[i] == 0) {
-      i++;
-      continue;
-    }
     size_t end = i;
-    while (end < cps.size() && ccc[end] != 0) end++;
-    for (size_t j = i + 1; j < end; j++) {  // insertion sort: runs are a few marks long
-      for (size_t k = j; k > i && ccc[k - 1] > ccc[k]; k--) {
-        std::swap(ccc[k - 1], ccc[k]);
-        std::swap(cps[k - 1], cps[k]);
-      }
-    }
-    i = end;
+    while (end < cps.size() && cps[end].ccc != 0) end++;
+    std::stable_sort(cps.begin() + i, cps.begin() + end, [](Mark a, Mark b) { return a.ccc < b.ccc; });
+    i = end + 1;
   }
 
   // 3. Compose. `starter` is the output index of the last starter; a character c may join it when it
@@ -173,25 +168,24 @@ std::string nfc_normalize(std::string_view text) {
   size_t out = 0, starter = SIZE_MAX;
   uint8_t last_ccc = 0;
   for (size_t i = 0; i < cps.size(); i++) {
-    uint32_t c = cps[i];
-    uint8_t cc = ccc[i];
+    Mark c = cps[i];
     if (starter != SIZE_MAX) {
       bool adjacent = out == starter + 1;
-      if (adjacent || (last_ccc != 0 && last_ccc < cc)) {
-        if (uint32_t composite = compose_pair(cps[starter], c)) {
-          cps[starter] = composite;
+      if (adjacent || (last_ccc != 0 && last_ccc < c.ccc)) {
+        if (uint32_t composite = compose_pair(cps[starter].cp, c.cp)) {
+          cps[starter].cp = composite;
           continue;
         }
       }
     }
-    if (cc == 0) starter = out;
-    last_ccc = cc;
+    if (c.ccc == 0) starter = out;
+    last_ccc = c.ccc;
     cps[out++] = c;
   }
 
   std::string result;
   result.reserve(text.size());
-  for (size_t i = 0; i < out; i++) utf8_append(result, cps[i]);
+  for (size_t i = 0; i < out; i++) utf8_append(result, cps[i].cp);
   return result;
 }
 
