@@ -380,14 +380,14 @@ void Tokenizer::set_token(int32_t id, std::string token, bool added) {
   if (id >= int32_t(tokens_.size())) {
     tokens_.resize(size_t(id) + 1);
     bytes_.resize(size_t(id) + 1);
-    kind_.resize(size_t(id) + 1, 0);
+    kind_.resize(size_t(id) + 1, Kind::kNone);
   }
-  if (kind_[id] != 0 && tokens_[id] != token)
+  if (kind_[id] != Kind::kNone && tokens_[id] != token)
     fail("token id ", id, " is given to both '", tokens_[id], "' and '", token, "'");
   bytes_[id] = token_to_bytes(token);
   token_ids_[token] = id;
   tokens_[id] = std::move(token);
-  kind_[id] = added ? 2 : 1;
+  kind_[id] = added ? Kind::kAdded : Kind::kVocab;
 }
 
 void Tokenizer::load_model(const Json& model, std::string_view source) {
@@ -406,6 +406,9 @@ void Tokenizer::load_model(const Json& model, std::string_view source) {
     where = "model.vocab";
     const auto& vocab = vocab_json.as_object();
     token_ids_.reserve(vocab.size() + 64);
+    tokens_.reserve(vocab.size() + 64);
+    bytes_.reserve(vocab.size() + 64);
+    kind_.reserve(vocab.size() + 64);
     for (const auto& [token, value] : vocab) {
       where = "model.vocab['" + token + "']";
       int64_t id = value.as_int64();
@@ -469,7 +472,7 @@ void Tokenizer::load_added_tokens(const Json& added, std::string_view source) {
       for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
         if (optional_bool(entry, flag)) fail("'", flag, "': true is not supported");
       set_token(int32_t(id), content, true);
-      if (optional_bool(entry, "special")) kind_[id] = 3;
+      if (optional_bool(entry, "special")) kind_[id] = Kind::kSpecial;
       added_.push_back({content, int32_t(id)});
       added_first_byte_[static_cast<unsigned char>(content[0])] = true;
     }
@@ -490,7 +493,7 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 const std::string& Tokenizer::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size() || kind_[id] == 0)
+  if (id < 0 || id >= vocab_size() || kind_[id] == Kind::kNone)
     fail("unknown token id ", id, " (the vocabulary has ids 0..", vocab_size() - 1, ")");
   return tokens_[id];
 }
@@ -500,7 +503,7 @@ const std::string& Tokenizer::token_bytes(int32_t id) const {
   return bytes_[id];
 }
 
-bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < vocab_size() && kind_[id] == 3; }
+bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < vocab_size() && kind_[id] == Kind::kSpecial; }
 
 // ===================================================================================================
 // Encode.

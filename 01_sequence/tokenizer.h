@@ -49,6 +49,8 @@ std::string utf8_lossy(std::string_view bytes);
 
 // ---------------------------------------------------------------------------------------------------
 
+// Loaded once, then read-only: encode() and decode() may be called from several threads at once (the
+// word cache inside is locked).
 class Tokenizer {
  public:
   // Reads dir/tokenizer.json and, when present, dir/tokenizer_config.json (for eos_token). Throws Error
@@ -70,7 +72,9 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // The token of an id, spelt as in tokenizer.json. Throws Error on an unknown id.
   const std::string& id_to_token(int32_t id) const;
-  // The raw bytes id decodes to (a token may be part of a UTF-8 character). Throws on an unknown id.
+  // The raw bytes id decodes to (a token may be part of a UTF-8 character): its characters mapped back
+  // through the byte map, or, for a token with a character outside the map, its own UTF-8 (so added
+  // tokens such as "<|im_end|>" decode to themselves). Throws on an unknown id.
   const std::string& token_bytes(int32_t id) const;
   // True for tokens listed in added_tokens with "special": true (<|im_start|>, <|endoftext|>, ...).
   bool is_special(int32_t id) const;
@@ -105,7 +109,8 @@ class Tokenizer {
 
   std::vector<std::string> tokens_;       // [vocab_size] token as spelt in tokenizer.json ("" = no token)
   std::vector<std::string> bytes_;        // [vocab_size] what each token decodes to
-  std::vector<uint8_t> kind_;             // [vocab_size] 0 = no token, 1 = BPE vocab, 2 = added, 3 = special
+  enum class Kind : uint8_t { kNone, kVocab, kAdded, kSpecial };  // kSpecial: added, "special": true
+  std::vector<Kind> kind_;                // [vocab_size] where each id comes from (ids may have gaps)
   std::unordered_map<std::string, int32_t> token_ids_;  // token spelling -> id
   std::unordered_map<uint64_t, Merge> merges_;          // pair_key(left id, right id) -> merge
   int32_t byte_ids_[256];                               // id of the one-byte token of each byte

@@ -131,9 +131,11 @@ bool is_nfc_quick(std::string_view text) {
   return true;
 }
 
-std::string nfc_normalize(std::string_view text) {
-  if (is_nfc_quick(text)) return std::string(text);
+namespace {
 
+// NFC of a span that starts at a boundary and ends before one (see nfc_normalize), appended to `result`:
+// the three passes of the file comment.
+void normalize_span(std::string_view text, std::string& result) {
   // 1. Decompose.
   std::vector<uint32_t> decomposed;
   decomposed.reserve(text.size());
@@ -183,10 +185,41 @@ std::string nfc_normalize(std::string_view text) {
     cps[out++] = c;
   }
 
-  std::string result;
-  result.reserve(text.size());
   for (size_t i = 0; i < out; i++) utf8_append(result, cps[i].cp);
-  return result;
+}
+
+}  // namespace
+
+// Normalization never acts across a character that is a starter (class 0) and NFC_Quick_Check = Yes,
+// i.e. one without kNfcSensitiveFlag: nothing before it can reorder past it or compose with it. So only
+// the spans from the boundary before each sensitive character to the boundary after it need the full
+// algorithm; the rest of the text is copied as it is.
+std::string nfc_normalize(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t copied = 0;         // text[0, copied) is already in `out`
+  size_t last_boundary = 0;  // start of the last boundary character seen
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp = static_cast<unsigned char>(text[i]);
+    size_t len = cp < 0x80 ? 1 : utf8_decode(text.data() + i, text.size() - i, &cp);
+    if (len == 0) len = 1, cp = 0xFFFD;  // invalid input: keep going rather than loop forever
+    if (!(unicode_flags(cp) & kNfcSensitiveFlag)) {
+      last_boundary = i;
+      i += len;
+      continue;
+    }
+    size_t end = i + len;  // extend the span to the next boundary character (or the end)
+    while (end < text.size()) {
+      size_t n = utf8_decode(text.data() + end, text.size() - end, &cp);
+      if (n == 0 || !(unicode_flags(cp) & kNfcSensitiveFlag)) break;
+      end += n;
+    }
+    out.append(text, copied, last_boundary - copied);
+    normalize_span(text.substr(last_boundary, end - last_boundary), out);
+    copied = i = end;
+  }
+  out.append(text, copied, std::string_view::npos);
+  return out;
 }
 
 }  // namespace nanovllm
