@@ -323,6 +323,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   Json root = Json::parse(tokenizer_json, source);
   if (!root.is_object()) fail(source, ": expected a JSON object");
   Tokenizer tok;
+  unicode_flags(0);  // builds the character-class table now rather than in the first encode()
   tok.check_pipeline(root, source);
   const Json* model = root.find("model");
   if (!model) fail(source, ": missing field 'model'");
