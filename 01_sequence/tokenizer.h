@@ -91,7 +91,8 @@ class Tokenizer {
     std::string content;
     int32_t id;
   };
-  struct WordCache;  // piece -> ids, shared by const encode() calls (tokenizer.cpp)
+  struct WordCache;  // piece -> ids, filled by const encode() calls under a lock (tokenizer.cpp); copies
+                     // of a Tokenizer share it, as they share the vocabulary it was computed from
 
   Tokenizer();
   void load_model(const Json& model, std::string_view source);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 
 #include "01_sequence/common.h"
 #include "01_sequence/json.h"
@@ -402,6 +403,32 @@ TEST(Ch01_TokenizerRoundTrip, DecodeOfEncodeIsNfcOfText) {
       continue;
     ASSERT_EQ(qwen3().decode(qwen3().encode(text)), nfc_normalize(text)) << Json(text).dump();
   }
+}
+
+TEST(Ch01_TokenizerRoundTrip, ConcurrentEncodesAgreeWithSerialOnes) {
+  // encode() is const and shares the word cache: two threads at once must get the serial answers.
+  Tokenizer tok = Tokenizer::load(data_dir() + "/qwen3-tokenizer");  // a fresh, empty cache
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; i++) texts.push_back("word" + std::to_string(i % 37) + " and " + cp(0x4E00 + uint32_t(i)) + "!");
+  std::vector<std::vector<int32_t>> serial;
+  for (const std::string& t : texts) serial.push_back(qwen3().encode(t));
+  std::vector<std::vector<int32_t>> results[2];
+  std::thread workers[2];
+  for (int w = 0; w < 2; w++)
+    workers[w] = std::thread([&, w] {
+      for (const std::string& t : texts) results[w].push_back(tok.encode(t));
+    });
+  for (std::thread& w : workers) w.join();
+  EXPECT_EQ(results[0], serial);
+  EXPECT_EQ(results[1], serial);
+}
+
+TEST(Ch01_TokenizerLoad, EosTokenFromConfig) {
+  std::string json = tiny_tokenizer_json({}, {}, {{"<end>", 300}});
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json", R"({"eos_token": "<end>"})", "c.json").eos_token_id(), 300);
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json", R"({"eos_token": {"content": "<end>"}})", "c.json").eos_token_id(), 300);
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json", R"({"eos_token": null})", "c.json").eos_token_id(), std::nullopt);
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json").eos_token_id(), std::nullopt);
 }
 
 // ---------------------------------------------------------------------------------------------------
