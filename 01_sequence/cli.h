@@ -39,11 +39,15 @@ class Flags {
 };
 
 // Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
-int cmd_hash_blocks(const Flags& flags);  // 03_block_manager/hash_blocks_cli.cpp
-int cmd_random_model(const Flags& flags);  // 04_model_runner/random_model_cli.cpp
-// Subcommands that run the engine are part of the entry (01_sequence/engine_cli.cpp).
+int cmd_hash_blocks(const Flags& flags);      // 03_block_manager/hash_blocks_cli.cpp
+int cmd_tokenize(const Flags& flags);         // 01_sequence/text_cli.cpp
+int cmd_detokenize(const Flags& flags);       // 01_sequence/text_cli.cpp
+int cmd_chat_template(const Flags& flags);    // 01_sequence/text_cli.cpp
+int cmd_bench_tokenizer(const Flags& flags);  // 01_sequence/text_cli.cpp
+int cmd_random_model(const Flags& flags);     // 04_model_runner/random_model_cli.cpp
+// Subcommands that run the engine are part of the entry (engine_cli.cpp, bench_cli.cpp).
 int cmd_generate(const Flags& flags);
 int cmd_logits(const Flags& flags);
-int cmd_bench(const Flags& flags);  // 01_sequence/bench_cli.cpp
+int cmd_bench(const Flags& flags);
 
 }  // namespace nanovllm

@@ -53,6 +53,15 @@ const std::vector<Command>& commands() {
       {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {},
        "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]   a checkpoint with random bf16 "
        "weights shaped like a real Qwen3"},
+      {"tokenize", nanovllm::cmd_tokenize, {"tokenizer"}, {},
+       "tokenize [--tokenizer DIR]   stdin: JSON Lines of strings -> one JSON array of token ids per line"},
+      {"detokenize", nanovllm::cmd_detokenize, {"tokenizer"}, {},
+       "detokenize [--tokenizer DIR]   stdin: JSON Lines of token-id arrays -> one JSON string per line"},
+      {"chat-template", nanovllm::cmd_chat_template, {"tokenizer"}, {},
+       "chat-template [--tokenizer DIR]   stdin: JSON Lines {\"messages\":[...],\"add_generation_prompt\":"
+       "bool,\"enable_thinking\":bool} -> the rendered prompt, one JSON string per line"},
+      {"bench-tokenizer", nanovllm::cmd_bench_tokenizer, {"tokenizer", "file"}, {},
+       "bench-tokenizer [--tokenizer DIR] --file FILE...   encode throughput (MB/s) over the files"},
   };
   return table;
 }
