@@ -138,7 +138,7 @@ int cmd_bench(const Flags& flags) {
                double(engine.model_runner().kv_cache_bytes()) / (1 << 30), load_seconds);
 
   // Warm-up, as bench.py: one short request with default sampling (temperature 1, 64 tokens).
-  engine.generate({{1, 2, 3}}, {SamplingParams()});
+  engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3}}, {SamplingParams()});
   const EngineStats before = engine.stats();
 
   auto t0 = std::chrono::steady_clock::now();

@@ -23,6 +23,7 @@ Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
     } else if (contains(value_flags, name)) {
       if (i + 1 >= argc) throw UsageError("flag " + arg + " needs a value");
       values_[name].push_back(argv[++i]);
+      in_order_.emplace_back(name, argv[i]);
     } else {
       throw UsageError("unknown flag '" + arg + "'");
     }

@@ -33,9 +33,12 @@ class Flags {
   int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
   double get_double(const std::string& name, double fallback, double lo, double hi) const;
   uint64_t get_uint64(const std::string& name, uint64_t fallback) const;
+  // Every value flag in command-line order, as (name, value): keeps --prompt / --prompt-ids interleaved.
+  const std::vector<std::pair<std::string, std::string>>& in_order() const { return in_order_; }
 
  private:
   std::map<std::string, std::vector<std::string>> values_;  // switches map to {""}
+  std::vector<std::pair<std::string, std::string>> in_order_;
 };
 
 // Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.

@@ -11,7 +11,11 @@
 #include "01_sequence/json.h"
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
+#include "01_sequence/chat_template.h"
+#include "01_sequence/tokenizer.h"
 #include "04_model_runner/model_runner.h"
+#include "04_model_runner/random_model.h"
+#include "04_model_runner/safetensors.h"
 
 namespace nanovllm {
 
@@ -38,10 +42,24 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-EngineConfig engine_config_from(const Flags& f) {
+// Without --model, `generate` runs on an embedded default: a tiny Qwen3 with random weights and the
+// real Qwen3 tokenizer, written under build/data the first time. Its text is gibberish, but every part
+// of the engine runs on it.
+std::string default_model() {
+  const std::string dir = data_dir() + "/tiny-random-qwen3";
+  if (!is_regular_file(dir + "/config.json")) {
+    std::fprintf(stderr, "no --model given: writing a tiny random-weight Qwen3 to %s\n", dir.c_str());
+    write_random_model("tiny", dir, 0, data_dir() + "/qwen3-tokenizer");
+  }
+  return dir;
+}
+
+EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   EngineConfig c;
   c.model = f.get("model");
-  if (c.model.empty()) throw UsageError("--model DIR is required");
+  if (c.model.empty() && !default_allowed) throw UsageError("--model DIR is required");
+  if (c.model.empty()) c.model = default_model();
+  c.tokenizer = f.get("tokenizer");
   c.device = f.get("device");
   c.max_num_seqs = int(f.get_int("max-num-seqs", c.max_num_seqs, 1, 1 << 20));
   c.max_num_batched_tokens = int(f.get_int("max-num-batched-tokens", c.max_num_batched_tokens, 1, 1 << 24));
@@ -75,12 +93,28 @@ SamplingParams sampling_from(const Flags& f) {
 
 int cmd_generate(const Flags& flags) {
   SamplingParams params = sampling_from(flags);
-  std::vector<std::vector<int32_t>> prompts;
-  for (const std::string& ids : flags.get_all("prompt-ids")) prompts.push_back(parse_ids(ids));
-  if (flags.has("prompt")) fail("--prompt TEXT needs the tokenizer, which this build does not have yet; use --prompt-ids");
-  if (prompts.empty()) throw UsageError("give at least one --prompt-ids");
+  bool any_text = flags.has("prompt");
+  if (!flags.has("prompt") && !flags.has("prompt-ids")) throw UsageError("give at least one --prompt or --prompt-ids");
+  if (flags.has("chat") && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
 
-  LLMEngine engine(engine_config_from(flags));
+  LLMEngine engine(engine_config_from(flags, /*default_allowed=*/true));
+  const Tokenizer* tokenizer = engine.tokenizer();
+  if (any_text && !tokenizer)
+    fail("--prompt TEXT needs a tokenizer: ", engine.config().model, " has no tokenizer.json (give --tokenizer DIR)");
+  // Prompts in command-line order; --chat wraps each text in Qwen3's chat template as one user turn
+  // (nano-vllm's example.py), thinking enabled as the template's default.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> prompt_texts;
+  for (const auto& [name, value] : flags.in_order()) {
+    if (name == "prompt-ids") {
+      prompts.push_back(parse_ids(value));
+      prompt_texts.push_back("");
+    } else if (name == "prompt") {
+      std::string text = flags.has("chat") ? apply_chat_template({{"user", value}}, true, true) : value;
+      prompts.push_back(tokenizer->encode(text));
+      prompt_texts.push_back(text);
+    }
+  }
   std::vector<GenerateOutput> outputs = engine.generate(prompts, {params}, /*progress=*/true);
 
   for (size_t i = 0; i < outputs.size(); i++) {
@@ -93,7 +127,15 @@ int cmd_generate(const Flags& flags) {
       for (int32_t t : out.token_ids) token_ids.push_back(t);
       line.set("prompt_token_ids", prompt_ids);
       line.set("token_ids", token_ids);
+      if (tokenizer) line.set("text", out.text);
       std::cout << line.dump() << "\n";
+    } else if (tokenizer) {  // as nano-vllm's example.py: the prompt and the completion, quoted
+      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids) : prompt_texts[i];
+      std::string line = "Prompt: ";
+      json_append_quoted(line, prompt);
+      line += "\nCompletion: ";
+      json_append_quoted(line, out.text);
+      std::cout << line << "\n";
     } else {
       std::cout << "Prompt " << i << ": " << out.prompt_token_ids.size() << " tokens\nCompletion " << i << ":";
       for (int32_t t : out.token_ids) std::cout << " " << t;
@@ -115,7 +157,7 @@ int cmd_generate(const Flags& flags) {
 int cmd_logits(const Flags& flags) {
   if (!flags.has("prompt-ids")) throw UsageError("--prompt-ids is required");
   std::vector<int32_t> prompt = parse_ids(flags.get("prompt-ids"));
-  EngineConfig config = engine_config_from(flags);
+  EngineConfig config = engine_config_from(flags, /*default_allowed=*/false);
   LLMEngine engine(config);
   SamplingParams greedy;
   greedy.temperature = 0;

@@ -11,6 +11,7 @@ namespace nanovllm {
 
 struct EngineConfig {
   std::string model;                 // Hugging Face checkpoint folder
+  std::string tokenizer;             // folder with tokenizer.json; "" = the model folder
   std::string device = "";           // "cpu" or "cuda"; "" = cuda when a GPU is present, else cpu
   int max_num_batched_tokens = 16384;  // token budget of one prefill step
   int max_num_seqs = 512;              // sequences per step, prefill and decode alike

@@ -8,14 +8,22 @@
 
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
+#include "01_sequence/tokenizer.h"
+#include "04_model_runner/safetensors.h"
 #include "07_sampler/sampler.h"
 
 namespace nanovllm {
 
 LLMEngine::LLMEngine(EngineConfig config) : config_(std::move(config)) {
   config_.validate();
+  const std::string tokenizer_dir = config_.tokenizer.empty() ? config_.model : config_.tokenizer;
+  if (!config_.tokenizer.empty() || is_regular_file(tokenizer_dir + "/tokenizer.json"))
+    tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_dir));
   model_runner_ = std::make_unique<ModelRunner>(config_);  // sets num_kvcache_blocks, eos, max_model_len
   scheduler_ = std::make_unique<Scheduler>(config_);
+  if (tokenizer_ && tokenizer_->vocab_size() > vocab_size())
+    fail("the tokenizer in ", tokenizer_dir, " has ", tokenizer_->vocab_size(), " tokens but the model's vocabulary only ",
+         vocab_size());
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -71,6 +79,7 @@ std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>*
     out.token_ids = s->completion_token_ids();
     out.num_prefix_hit_blocks = s->num_prefix_hit_blocks;
     out.num_preemptions = s->num_preemptions;
+    if (tokenizer_) out.text = tokenizer_->decode(out.token_ids);
     finished.push_back(std::move(out));
     sequences_.erase(s->seq_id);
   }
@@ -127,6 +136,14 @@ std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::vector<in
   std::vector<GenerateOutput> outputs;
   for (int64_t id : ids) outputs.push_back(std::move(done.at(id)));
   return outputs;
+}
+
+std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::string>& prompts,
+                                                const std::vector<SamplingParams>& params, bool progress) {
+  if (!tokenizer_) fail("text prompts need a tokenizer: no tokenizer.json in ", config_.model, " (give --tokenizer DIR)");
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& p : prompts) ids.push_back(tokenizer_->encode(p));
+  return generate(ids, params, progress);
 }
 
 }  // namespace nanovllm

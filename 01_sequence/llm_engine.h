@@ -22,11 +22,13 @@ namespace nanovllm {
 
 class ModelRunner;
 class Scheduler;
+class Tokenizer;
 
 struct GenerateOutput {
   int64_t seq_id;
   std::vector<int32_t> prompt_token_ids;
   std::vector<int32_t> token_ids;  // the completion, EOS included when it ended the sequence
+  std::string text;                // the completion decoded (special tokens kept), when a tokenizer is loaded
   int num_prefix_hit_blocks = 0;   // blocks of this request found in the prefix cache
   int num_preemptions = 0;
 };
@@ -59,6 +61,12 @@ class LLMEngine {
   // progress: redraw a one-line progress bar on stderr (as nano-vllm's tqdm bar).
   std::vector<GenerateOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
                                        const std::vector<SamplingParams>& params, bool progress = false);
+  // The same for text prompts, encoded with the tokenizer (nano-vllm's add_request(str)).
+  std::vector<GenerateOutput> generate(const std::vector<std::string>& prompts,
+                                       const std::vector<SamplingParams>& params, bool progress = false);
+
+  // The tokenizer of the model folder (or config.tokenizer), or nullptr when there is none.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
   const EngineConfig& config() const { return config_; }
   const EngineStats& stats() const { return stats_; }
@@ -72,6 +80,7 @@ class LLMEngine {
   EngineConfig config_;
   std::unique_ptr<ModelRunner> model_runner_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Tokenizer> tokenizer_;
   std::map<int64_t, std::unique_ptr<Sequence>> sequences_;  // requests not yet returned
   int64_t next_seq_id_ = 0;
   EngineStats stats_;

@@ -101,7 +101,9 @@ TEST(E2E_Gpu, GreedyMatchesTransformersInEveryEngineShape) {
           expect_golden_greedy(g, engine.generate(g.prompts, {greedy(24)}), what);
           preemptions += engine.scheduler().num_preemptions();
           chunks += engine.scheduler().num_chunked_prefills();
-          if (!eager) EXPECT_FALSE(engine.model_runner().graph_batch_sizes().empty());
+          if (!eager) {
+            EXPECT_FALSE(engine.model_runner().graph_batch_sizes().empty());
+          }
         }
       }
     }
