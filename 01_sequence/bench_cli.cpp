@@ -7,6 +7,7 @@
 // generator, so the workload is the same token for token: 142,827 prompt and 133,966 output tokens.
 #include <chrono>
 #include <cstdio>
+#include <map>
 
 #include "01_sequence/cli.h"
 #include "01_sequence/llm_engine.h"
@@ -126,7 +127,7 @@ int cmd_bench(const Flags& flags) {
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
   if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
-  config.enforce_eager = flags.has("enforce-eager");
+  config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
   config.trace = flags.has("trace");
   config.seed = flags.get_uint64("seed", 0);
 
@@ -141,6 +142,7 @@ int cmd_bench(const Flags& flags) {
   engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3}}, {SamplingParams()});
   const EngineStats before = engine.stats();
 
+  if (flags.has("profile")) engine.model_runner().backend().set_profiling(true);
   auto t0 = std::chrono::steady_clock::now();
   std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -168,6 +170,74 @@ int cmd_bench(const Flags& flags) {
               decode_bytes / 1e9 / decode_seconds);
   std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
               (long long)engine.scheduler().block_manager().total_hit_blocks());
+  if (flags.has("profile")) {
+    // Kernel time per operation over the whole run (eager; linear layers grouped by weight shape).
+    std::map<std::string, std::pair<int, double>> totals;
+    for (const auto& op : engine.model_runner().backend().profile_report()) {
+      std::string label = op.label;
+      if (label.rfind("linear ", 0) == 0) label = "linear " + label.substr(label.find('x') + 1);
+      totals[label].first += op.calls, totals[label].second += op.milliseconds;
+    }
+    double sum = 0;
+    std::printf("%-30s %9s %10s\n", "operation (whole run)", "calls", "ms");
+    for (const auto& [label, t] : totals) std::printf("%-30s %9d %10.1f\n", label.c_str(), t.first, t.second), sum += t.second;
+    std::printf("%-30s %9s %10.1f   of %.1f ms wall\n", "kernels", "", sum, seconds * 1e3);
+  }
+  return 0;
+}
+
+// `nanovllm bench-step`: one decode step at a given batch and context, operation by operation, with the
+// bytes each must move and the bandwidth it reached against the measured copy bandwidth.
+int cmd_bench_step(const Flags& flags) {
+  const int batch = int(flags.get_int("batch", 256, 1, 1 << 16));
+  const int context = int(flags.get_int("context", 1000, 1, 1 << 20));
+  const int iterations = int(flags.get_int("iters", 20, 1, 100000));
+  std::string model = flags.get("model");
+  if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
+  if (flags.has("random")) {
+    model = data_dir() + "/random-" + flags.get("random");
+    if (!is_regular_file(model + "/config.json")) write_random_model(flags.get("random"), model, 0);
+  }
+  EngineConfig config;
+  config.model = model;
+  config.device = flags.get("device");
+  config.max_num_seqs = std::max(batch, 1);
+  config.max_num_batched_tokens = std::max(batch, 1024);
+  config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
+  config.max_model_len = std::max(4096, context);
+  config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
+  config.validate();
+  ModelRunner runner(config);
+  const ModelConfig& mc = runner.model_config();
+  const double copy_gbps = runner.backend().measure_copy_bandwidth();
+  ModelRunner::DecodeStepProfile p = runner.profile_decode_step(batch, context, iterations);
+
+  const double kv_bytes_per_token_layer = double(runner.kv_block_bytes()) / config.kvcache_block_size / mc.num_hidden_layers;
+  std::printf("decode step: batch %d, context %d, %s; copy bandwidth %.0f GB/s\n", batch, context,
+              config.device.c_str(), copy_gbps);
+  std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", p.eager_ms, p.graph_ms);
+  std::printf("%-34s %6s %10s %10s %9s %7s\n", "operation", "calls", "us/step", "MB/step", "GB/s", "% copy");
+  double total_ms = 0;
+  for (const auto& op : p.ops) {
+    // Bytes an operation must move at least: attention reads every context token's K and V; a linear
+    // layer reads its weight and activations and writes its output.
+    double bytes = 0;
+    int n = 0, in = 0, out = 0;
+    if (op.label == "attention decode") {
+      bytes = double(batch) * context * kv_bytes_per_token_layer * op.calls;
+    } else if (std::sscanf(op.label.c_str(), "linear %dx%d->%d", &n, &in, &out) == 3) {
+      bytes = (double(in) * out + double(n) * in) * 2 * op.calls + double(n) * out * (out == mc.vocab_size ? 4 : 2) * op.calls;
+    }
+    total_ms += op.milliseconds;
+    const double gbps = bytes / (op.milliseconds * 1e-3) / 1e9;
+    if (bytes > 0)
+      std::printf("%-34s %6d %10.1f %10.1f %9.0f %6.0f%%\n", op.label.c_str(), op.calls, op.milliseconds * 1e3,
+                  bytes / 1e6, gbps, 100 * gbps / copy_gbps);
+    else
+      std::printf("%-34s %6d %10.1f\n", op.label.c_str(), op.calls, op.milliseconds * 1e3);
+  }
+  std::printf("%-34s %6s %10.1f   (sum of kernel times; the rest of the eager step is launch and host work)\n",
+              "total", "", total_ms * 1e3);
   return 0;
 }
 

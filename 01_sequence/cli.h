@@ -52,5 +52,6 @@ int cmd_random_model(const Flags& flags);     // 04_model_runner/random_model_cl
 int cmd_generate(const Flags& flags);
 int cmd_logits(const Flags& flags);
 int cmd_bench(const Flags& flags);
+int cmd_bench_step(const Flags& flags);
 
 }  // namespace nanovllm

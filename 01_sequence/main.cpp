@@ -42,9 +42,13 @@ const std::vector<Command>& commands() {
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed"},
-       {"enforce-eager", "trace"},
+       {"enforce-eager", "trace", "profile"},
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
+      {"bench-step", nanovllm::cmd_bench_step,
+       {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization"}, {},
+       "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
+       "step, kernel by kernel, with GB/s"},
       {"logits", nanovllm::cmd_logits, plus(kEngineFlags, {"prompt-ids"}), kEngineSwitches,
        "logits --model DIR [--device cpu|cuda] --prompt-ids 1,2,3   -> the vocabulary logits after the last token"},
       {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},

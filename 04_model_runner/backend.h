@@ -7,6 +7,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "04_model_runner/tensor.h"
 #include "05_attention/attention.h"
@@ -58,6 +60,20 @@ class Backend {
   virtual void begin_capture() {}
   virtual int end_capture() { return -1; }  // an id for replay()
   virtual void replay(int /*graph*/) {}
+
+  // Profiling (GPU): while on, every operation is timed with CUDA events; profile_report() sums the
+  // times per operation label ("linear 256x1024->4096", "attention decode", ...) and clears them.
+  // Meaningless under graph replay, which runs no operation one by one.
+  virtual void set_profiling(bool /*on*/) {}
+  struct OpTime {
+    std::string label;
+    int calls;
+    double milliseconds;
+  };
+  virtual std::vector<OpTime> profile_report() { return {}; }
+  // Device-to-device copy bandwidth in GB/s (bytes read + written per second), the roofline for
+  // memory-bound kernels; 0 on the CPU.
+  virtual double measure_copy_bandwidth() { return 0; }
 
   // Bytes of AttentionMetadata::scratch that decode attention needs for these limits.
   virtual size_t attention_scratch_bytes(int /*max_seqs*/, int /*max_context_len*/, const AttentionShape&) const {

@@ -2,6 +2,7 @@
 #include "04_model_runner/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace nanovllm {
 
@@ -284,6 +285,46 @@ std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool i
   }
   if (logits) *logits = std::move(host_logits);
   return out;
+}
+
+ModelRunner::DecodeStepProfile ModelRunner::profile_decode_step(int batch, int context, int iterations) {
+  const int blocks_per_seq = ceil_div(context, block_size_);
+  if (batch > max_seqs_) fail("--batch ", batch, " exceeds max_num_seqs ", max_seqs_);
+  if (context > max_model_len_) fail("--context ", context, " exceeds max_model_len ", max_model_len_);
+  if (int64_t(batch) * blocks_per_seq > num_blocks_)
+    fail("batch ", batch, " x context ", context, " needs ", int64_t(batch) * blocks_per_seq, " KV blocks; the cache has ", num_blocks_);
+  std::vector<std::unique_ptr<Sequence>> owned;
+  std::vector<Sequence*> seqs;
+  SamplingParams params;
+  params.temperature = 0.6f;
+  for (int b = 0; b < batch; b++) {
+    owned.push_back(std::make_unique<Sequence>(b, std::vector<int32_t>(size_t(context), 1), params, b, block_size_));
+    for (int i = 0; i < blocks_per_seq; i++) owned.back()->block_table.push_back(b * blocks_per_seq + i);
+    owned.back()->num_cached_tokens = context - 1;
+    owned.back()->num_scheduled_tokens = 1;
+    seqs.push_back(owned.back().get());
+  }
+  auto time_ms = [&](auto&& step) {
+    step();  // warm-up
+    backend_->synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; i++) step();
+    backend_->synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iterations;
+  };
+  DecodeStepProfile p;
+  auto eager_step = [&] {
+    StepInputs in = prepare_decode(seqs);
+    execute(upload(in, in.max_seqlen_k), batch);
+  };
+  p.eager_ms = time_ms(eager_step);
+  p.graph_ms = time_ms([&] { run(seqs, false); });
+  backend_->set_profiling(true);
+  for (int i = 0; i < iterations; i++) eager_step();
+  p.ops = backend_->profile_report();
+  backend_->set_profiling(false);
+  for (auto& op : p.ops) op.milliseconds /= iterations, op.calls /= iterations;
+  return p;
 }
 
 }  // namespace nanovllm

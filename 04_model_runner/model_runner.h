@@ -61,6 +61,16 @@ class ModelRunner {
   // Decode batch sizes with a captured CUDA graph (empty on the CPU or with --enforce-eager).
   std::vector<int> graph_batch_sizes() const;
 
+  // A micro-benchmark of one decode step: `batch` sequences of `context` tokens each (K/V from whatever
+  // the cache holds), run `iterations` times. Reports the step time eagerly and under a CUDA graph
+  // (host work included), and the time of every operation (eager, profiled).
+  struct DecodeStepProfile {
+    double eager_ms = 0, graph_ms = 0;
+    std::vector<Backend::OpTime> ops;  // per step
+  };
+  DecodeStepProfile profile_decode_step(int batch, int context, int iterations);
+  Backend& backend() { return *backend_; }
+
  private:
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
