@@ -15,6 +15,7 @@
 #include "04_model_runner/model_runner.h"
 #include "04_model_runner/random_model.h"
 #include "04_model_runner/safetensors.h"
+#include "05_attention/attention.h"
 
 namespace nanovllm {
 
@@ -207,6 +208,9 @@ int cmd_bench_step(const Flags& flags) {
   config.max_model_len = std::max(4096, context);
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.validate();
+#ifdef NANOVLLM_CUDA
+  attention_kernel_version = int(flags.get_int("attention-version", attention_kernel_version, 1, 2));
+#endif
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();
   const double copy_gbps = runner.backend().measure_copy_bandwidth();

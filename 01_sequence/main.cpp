@@ -46,7 +46,9 @@ const std::vector<Command>& commands() {
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
       {"bench-step", nanovllm::cmd_bench_step,
-       {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization"}, {},
+       {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
+        "attention-version"},
+       {},
        "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
        "step, kernel by kernel, with GB/s"},
       {"logits", nanovllm::cmd_logits, plus(kEngineFlags, {"prompt-ids"}), kEngineSwitches,

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cfloat>
+#include <cstdlib>
 
 #include "05_attention/attention.h"
 
@@ -28,7 +29,10 @@ namespace {
 
 constexpr int kWarps = 4;          // warps per block; they split the keys
 constexpr int kKeysPerGroup = 4;   // keys a key group loads per iteration (loads in flight)
-constexpr int kPrefillRows = 8;    // (query, head) rows per prefill block
+// (query, head) rows per prefill block: 8, but 4 for v3, whose double buffer would spill registers.
+template <int VERSION>
+constexpr int prefill_rows() { return VERSION == 3 ? 4 : 8; }
+constexpr int kTableEntries = 256; // block-table entries a v2 block stages in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct PagedAttentionParams {
@@ -76,7 +80,17 @@ __device__ void merge_state(SoftmaxState<ROWS>& s, const float* om, const float*
   }
 }
 
-template <int HEAD_DIM, int ROWS, bool DECODE>
+// Converts 8 bf16 values held as raw 16 bytes.
+__device__ inline void bf16x8_to_float(const uint4& raw, float out[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x, out[2 * i + 1] = f.y;
+  }
+}
+
+template <int HEAD_DIM, int ROWS, bool DECODE, int VERSION>
 __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAttentionParams p) {
   constexpr int KG = HEAD_DIM / 8;      // lanes per key row
   constexpr int GROUPS = 32 / KG;       // key groups per warp
@@ -133,51 +147,121 @@ __global__ void __launch_bounds__(kWarps * 32) paged_attention_kernel(PagedAtten
   const int64_t head_offset = int64_t(kv_head) * HEAD_DIM + 8 * c;
   constexpr int kStep = kWarps * GROUPS * kKeysPerGroup;  // keys per block iteration
 
-  // The loop bound is the warp's base, the same for all its lanes: the shuffles below need every lane.
-  for (int warp_base = key_begin + warp * GROUPS * kKeysPerGroup; warp_base < key_end; warp_base += kStep) {
-    const int base = warp_base + group * kKeysPerGroup;  // this key group's first key
-    // Issue every load of this iteration before using any: several 16-byte loads in flight per lane.
-    float kf[kKeysPerGroup][8], vf[kKeysPerGroup][8];
+  // The online-softmax update of every row with kKeysPerGroup keys, given as raw bf16 (this lane's 8
+  // dims of each key's K and V). Keys are converted one at a time, so only 8 floats of K or V are live.
+  auto process = [&](int base, const uint4 (&k_raw)[kKeysPerGroup], const uint4 (&v_raw)[kKeysPerGroup]) {
+    float s[ROWS][kKeysPerGroup];
 #pragma unroll
     for (int u = 0; u < kKeysPerGroup; u++) {
-      const int j = base + u;
-      if (j < key_end) {
-        const int64_t slot = int64_t(block_table[j / p.block_size]) * p.block_size + j % p.block_size;
-        load_bf16x8(p.k_cache + slot * row_elems + head_offset, kf[u]);
-        load_bf16x8(p.v_cache + slot * row_elems + head_offset, vf[u]);
-      } else {  // zeros, not garbage: a masked key's weight is 0, and 0 * NaN would be NaN
+      float kf[8];
+      bf16x8_to_float(k_raw[u], kf);
 #pragma unroll
-        for (int k = 0; k < 8; k++) kf[u][k] = vf[u][k] = 0;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-      float s[kKeysPerGroup];
-      float m_new = st.m[r];
-#pragma unroll
-      for (int u = 0; u < kKeysPerGroup; u++) {
+      for (int r = 0; r < ROWS; r++) {
         float dot = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) dot += q[r][k] * kf[u][k];
+        for (int k = 0; k < 8; k++) dot += q[r][k] * kf[k];
         // Sum over the KG lanes of this key group (xor offsets below KG stay inside the group).
 #pragma unroll
         for (int off = KG / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        s[u] = (base + u < key_end && base + u <= limit[r]) ? dot : -INFINITY;
-        m_new = fmaxf(m_new, s[u]);
+        s[r][u] = (base + u < key_end && base + u <= limit[r]) ? dot : -INFINITY;
       }
-      if (m_new == -INFINITY) continue;  // no visible key yet for this row
-      const float correction = exp2f(st.m[r] - m_new);
+    }
+    float p_ru[ROWS][kKeysPerGroup];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+      float m_new = st.m[r];
+#pragma unroll
+      for (int u = 0; u < kKeysPerGroup; u++) m_new = fmaxf(m_new, s[r][u]);
+      // Rescale what was accumulated under the old maximum (no key visible yet: nothing to do).
+      const float correction = m_new == -INFINITY ? 1.0f : exp2f(st.m[r] - m_new);
       st.l[r] *= correction;
 #pragma unroll
       for (int k = 0; k < 8; k++) st.acc[r][k] *= correction;
 #pragma unroll
       for (int u = 0; u < kKeysPerGroup; u++) {
-        const float pu = exp2f(s[u] - m_new);  // 0 for masked keys
-        st.l[r] += pu;
-#pragma unroll
-        for (int k = 0; k < 8; k++) st.acc[r][k] += pu * vf[u][k];
+        p_ru[r][u] = m_new == -INFINITY ? 0.0f : exp2f(s[r][u] - m_new);  // 0 for masked keys
+        st.l[r] += p_ru[r][u];
       }
       st.m[r] = m_new;
+    }
+#pragma unroll
+    for (int u = 0; u < kKeysPerGroup; u++) {
+      float vf[8];
+      bf16x8_to_float(v_raw[u], vf);
+#pragma unroll
+      for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) st.acc[r][k] += p_ru[r][u] * vf[k];
+    }
+  };
+
+  if (VERSION == 1) {
+    // v1: load, then compute. The block-table entry is fetched right before each key's K/V, so every
+    // iteration waits for two memory round trips, and nothing is in flight while it computes.
+    // The loop bound is the warp's base, the same for all its lanes: the shuffles need every lane.
+    for (int warp_base = key_begin + warp * GROUPS * kKeysPerGroup; warp_base < key_end; warp_base += kStep) {
+      const int base = warp_base + group * kKeysPerGroup;  // this key group's first key
+      uint4 kr[kKeysPerGroup], vr[kKeysPerGroup];
+#pragma unroll
+      for (int u = 0; u < kKeysPerGroup; u++) {
+        const int j = base + u;
+        if (j < key_end) {
+          const int64_t slot = int64_t(block_table[j / p.block_size]) * p.block_size + j % p.block_size;
+          kr[u] = *reinterpret_cast<const uint4*>(p.k_cache + slot * row_elems + head_offset);
+          vr[u] = *reinterpret_cast<const uint4*>(p.v_cache + slot * row_elems + head_offset);
+        } else {  // zeros, not garbage: a masked key's weight is 0, and 0 * NaN would be NaN
+          kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+        }
+      }
+      process(base, kr, vr);
+    }
+  } else {
+    // v2 and v3: the block-table entries of this block's key range are staged in shared memory once,
+    // so a key's slot costs no memory round trip.
+    __shared__ int32_t sm_table[kTableEntries];
+    const int first_block = key_begin / p.block_size;
+    const int table_entries = (key_end - 1) / p.block_size - first_block + 1;
+    const bool staged = table_entries <= kTableEntries;
+    if (staged)
+      for (int i = threadIdx.x; i < table_entries; i += blockDim.x) sm_table[i] = block_table[first_block + i];
+    __syncthreads();  // the staged table is complete before any warp reads it
+    auto load_keys = [&](int base, uint4 (&kr)[kKeysPerGroup], uint4 (&vr)[kKeysPerGroup]) {
+#pragma unroll
+      for (int u = 0; u < kKeysPerGroup; u++) {
+        const int j = base + u;
+        if (j < key_end) {
+          const int logical = j / p.block_size;
+          const int physical = staged ? sm_table[logical - first_block] : block_table[logical];
+          const int64_t slot = int64_t(physical) * p.block_size + (j - logical * p.block_size);
+          kr[u] = *reinterpret_cast<const uint4*>(p.k_cache + slot * row_elems + head_offset);
+          vr[u] = *reinterpret_cast<const uint4*>(p.v_cache + slot * row_elems + head_offset);
+        } else {
+          kr[u] = vr[u] = make_uint4(0, 0, 0, 0);  // bf16 zeros
+        }
+      }
+    };
+    int warp_base = key_begin + warp * GROUPS * kKeysPerGroup;
+    if (VERSION == 2) {
+      for (; warp_base < key_end; warp_base += kStep) {
+        uint4 kr[kKeysPerGroup], vr[kKeysPerGroup];
+        load_keys(warp_base + group * kKeysPerGroup, kr, vr);
+        process(warp_base + group * kKeysPerGroup, kr, vr);
+      }
+    } else {
+      // v3: the next iteration's K/V are loaded before this one computes, so loads overlap the math
+      // (at the price of 16 more registers per key group, hence fewer warps per SM).
+      uint4 k_now[kKeysPerGroup], v_now[kKeysPerGroup];
+      if (warp_base < key_end) load_keys(warp_base + group * kKeysPerGroup, k_now, v_now);
+      for (; warp_base < key_end; warp_base += kStep) {
+        uint4 k_next[kKeysPerGroup], v_next[kKeysPerGroup];
+        const bool more = warp_base + kStep < key_end;  // uniform across the warp
+        if (more) load_keys(warp_base + kStep + group * kKeysPerGroup, k_next, v_next);
+        process(warp_base + group * kKeysPerGroup, k_now, v_now);
+        if (more) {
+#pragma unroll
+          for (int u = 0; u < kKeysPerGroup; u++) k_now[u] = k_next[u], v_now[u] = v_next[u];
+        }
+      }
     }
   }
 
@@ -285,28 +369,40 @@ PagedAttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, i
   return p;
 }
 
-template <int HEAD_DIM, bool DECODE>
+template <int HEAD_DIM, bool DECODE, int VERSION>
 void launch_rows(const PagedAttentionParams& p, dim3 grid, int rows, cudaStream_t stream) {
   const dim3 block(kWarps * 32);
   switch (rows) {
-    case 1: paged_attention_kernel<HEAD_DIM, 1, DECODE><<<grid, block, 0, stream>>>(p); break;
-    case 2: paged_attention_kernel<HEAD_DIM, 2, DECODE><<<grid, block, 0, stream>>>(p); break;
-    case 4: paged_attention_kernel<HEAD_DIM, 4, DECODE><<<grid, block, 0, stream>>>(p); break;
-    case 8: paged_attention_kernel<HEAD_DIM, 8, DECODE><<<grid, block, 0, stream>>>(p); break;
+    case 1: paged_attention_kernel<HEAD_DIM, 1, DECODE, VERSION><<<grid, block, 0, stream>>>(p); break;
+    case 2: paged_attention_kernel<HEAD_DIM, 2, DECODE, VERSION><<<grid, block, 0, stream>>>(p); break;
+    case 4: paged_attention_kernel<HEAD_DIM, 4, DECODE, VERSION><<<grid, block, 0, stream>>>(p); break;
+    case 8: paged_attention_kernel<HEAD_DIM, 8, DECODE, VERSION><<<grid, block, 0, stream>>>(p); break;
     default: fail("internal: unsupported rows ", rows);
+  }
+}
+
+template <bool DECODE, int VERSION>
+void launch_version(const PagedAttentionParams& p, int head_dim, dim3 grid, int rows, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: launch_rows<64, DECODE, VERSION>(p, grid, rows, stream); break;
+    case 128: launch_rows<128, DECODE, VERSION>(p, grid, rows, stream); break;
+    case 256: launch_rows<256, DECODE, VERSION>(p, grid, rows, stream); break;
+    default: fail("head_dim ", head_dim, " is not supported by the CUDA attention kernels (64, 128, 256)");
   }
 }
 
 template <bool DECODE>
 void launch(const PagedAttentionParams& p, int head_dim, dim3 grid, int rows, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64: launch_rows<64, DECODE>(p, grid, rows, stream); break;
-    case 128: launch_rows<128, DECODE>(p, grid, rows, stream); break;
-    case 256: launch_rows<256, DECODE>(p, grid, rows, stream); break;
-    default: fail("head_dim ", head_dim, " is not supported by the CUDA attention kernels (64, 128, 256)");
+  switch (attention_kernel_version) {
+    case 1: launch_version<DECODE, 1>(p, head_dim, grid, rows, stream); break;
+    case 2: launch_version<DECODE, 2>(p, head_dim, grid, rows, stream); break;
+    case 3: launch_version<DECODE, 3>(p, head_dim, grid, rows, stream); break;
+    default: fail("attention kernel version ", attention_kernel_version, " does not exist (1, 2, 3)");
   }
   CUDA_CHECK_LAUNCH();
 }
+
+int prefill_rows_of_version() { return attention_kernel_version == 3 ? prefill_rows<3>() : prefill_rows<1>(); }
 
 // Rows per decode block: the GQA group size rounded up to a power of two.
 int decode_rows(const AttentionShape& s) {
@@ -318,6 +414,9 @@ int decode_rows(const AttentionShape& s) {
 }
 
 }  // namespace
+
+// The default, or NANOVLLM_ATTENTION_VERSION from the environment (for comparing versions end to end).
+int attention_kernel_version = std::getenv("NANOVLLM_ATTENTION_VERSION") ? std::atoi(std::getenv("NANOVLLM_ATTENTION_VERSION")) : 2;
 
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream) {
@@ -335,10 +434,9 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
   PagedAttentionParams p = make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables,
                                        block_table_width, shape);
   p.cu_seqlens_q = cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_k;
-  const int G = shape.num_heads / shape.num_kv_heads;
-  const dim3 grid(unsigned((max_seqlen_q * G + kPrefillRows - 1) / kPrefillRows), unsigned(shape.num_kv_heads),
-                  unsigned(num_seqs));
-  launch<false>(p, shape.head_dim, grid, kPrefillRows, stream);
+  const int G = shape.num_heads / shape.num_kv_heads, rows = prefill_rows_of_version();
+  const dim3 grid(unsigned((max_seqlen_q * G + rows - 1) / rows), unsigned(shape.num_kv_heads), unsigned(num_seqs));
+  launch<false>(p, shape.head_dim, grid, rows, stream);
 }
 
 int decode_partition_size(int num_seqs, const AttentionShape& s) {

@@ -62,6 +62,11 @@ namespace nanovllm {
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 
+// Which version of the paged attention kernel runs (notes in 05_attention/NOTES.md): 1 = load then
+// compute; 2 = block table staged in shared memory; 3 = 2 + the next keys loaded while computing.
+// Tests run all of them.
+extern int attention_kernel_version;
+
 // Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size.
 void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,

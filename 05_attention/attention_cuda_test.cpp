@@ -116,9 +116,22 @@ TEST(Ch05_AttentionCuda, StoreKvcacheWritesExactlyItsSlots) {
   }
 }
 
+// Runs the body once per kernel version (attention.h: attention_kernel_version), restoring the default.
+template <class F>
+void for_each_version(F&& body) {
+  const int saved = attention_kernel_version;
+  for (int version : {1, 2, 3}) {
+    SCOPED_TRACE("kernel v" + std::to_string(version));
+    attention_kernel_version = version;
+    body();
+  }
+  attention_kernel_version = saved;
+}
+
 TEST(Ch05_AttentionCuda, PrefillMatchesCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(6);
+  for_each_version([&] {
   for (int block : {16, 32, 256}) {
     check_prefill(shape_of(4, 2, 128, block), {1, 17, 300}, {1, 17, 300}, rng);          // plain prefill
     check_prefill(shape_of(6, 2, 64, block), {5, 40, 1}, {69, 40, 513}, rng);            // cached context
@@ -127,11 +140,15 @@ TEST(Ch05_AttentionCuda, PrefillMatchesCpu) {
     check_prefill(shape_of(8, 8, 64, block), {50}, {50}, rng);                           // no GQA
     check_prefill(shape_of(8, 1, 128, block), {21, 3}, {21, 90}, rng);                   // group 8
   }
+  });
+  // A long context whose block table does not fit the 256 staged entries of v2 (16-token blocks).
+  check_prefill(shape_of(16, 8, 128, 16), {70}, {5000}, rng);
 }
 
 TEST(Ch05_AttentionCuda, DecodeMatchesCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(7);
+  for_each_version([&] {
   for (int block : {16, 48, 256}) {
     check_decode(shape_of(4, 2, 128, block), {1, 17, 300, 2000}, rng);
     check_decode(shape_of(6, 2, 64, block), {513, 64, 65}, rng);
@@ -139,20 +156,23 @@ TEST(Ch05_AttentionCuda, DecodeMatchesCpu) {
     check_decode(shape_of(32, 8, 128, block), {257, 1}, rng);
     check_decode(shape_of(8, 1, 128, block), {99, 1200}, rng);
   }
+  });
 }
 
 TEST(Ch05_AttentionCuda, DecodeEveryPartitionSizeAndPaddingRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
-  // 8 KV heads: 4 sequences -> partitions of 64, 16 -> 128, 64 -> 256, 160 -> 512.
-  for (int B : {4, 16, 64, 160}) {
-    std::vector<int> ctx(static_cast<size_t>(B), 0);
-    for (int& c : ctx) c = 1 + int(rng() % 1500);
-    check_decode(shape_of(16, 8, 128, 16), ctx, rng);
-  }
-  // A graph-sized grid (max_model_len) much larger than the contexts, and padding rows of context 0.
-  std::vector<int> ctx = {5, 0, 300, 0};
-  check_decode(shape_of(16, 8, 128, 16), ctx, rng, 4096);
+  for_each_version([&] {
+    // 8 KV heads: 4 sequences -> partitions of 64, 16 -> 128, 64 -> 256, 160 -> 512.
+    for (int B : {4, 16, 64, 160}) {
+      std::vector<int> ctx(static_cast<size_t>(B), 0);
+      for (int& c : ctx) c = 1 + int(rng() % 1500);
+      check_decode(shape_of(16, 8, 128, 16), ctx, rng);
+    }
+    // A graph-sized grid (max_model_len) much larger than the contexts, and padding rows of context 0.
+    std::vector<int> ctx = {5, 0, 300, 0};
+    check_decode(shape_of(16, 8, 128, 16), ctx, rng, 4096);
+  });
 }
 
 #else
