@@ -164,7 +164,7 @@ int cmd_bench(const Flags& flags) {
 
   std::printf("Total: %lldtok, Time: %.2fs, Throughput: %.2ftok/s\n", (long long)output_tokens, seconds,
               double(output_tokens) / seconds);
-  std::printf("prompt tokens %lld in %lld prefill steps (%.2f s); %lld decode steps (%.2f s, %.2f ms/step)\n",
+  std::printf("prompt tokens %lld, prefill steps %lld (%.2f s); %lld decode steps (%.2f s, %.2f ms/step)\n",
               (long long)prompt_tokens, (long long)(s.prefill_steps - before.prefill_steps), prefill_seconds,
               (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
   std::printf("decode reads >= %.1f GB (weights + KV): %.0f GB/s over the decode steps\n", decode_bytes / 1e9,
@@ -209,7 +209,7 @@ int cmd_bench_step(const Flags& flags) {
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.validate();
 #ifdef NANOVLLM_CUDA
-  attention_kernel_version = int(flags.get_int("attention-version", attention_kernel_version, 1, 2));
+  attention_kernel_version = int(flags.get_int("attention-version", attention_kernel_version, 1, 3));
 #endif
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();

@@ -143,7 +143,7 @@ int cmd_generate(const Flags& flags) {
     }
   }
   const EngineStats& s = engine.stats();
-  std::fprintf(stderr, "%zu requests: %lld prompt tokens in %lld prefill steps (%.0f tok/s), %lld decode tokens in %lld steps (%.0f tok/s)\n",
+  std::fprintf(stderr, "%zu requests: %lld tokens computed in %lld prefill steps (%.0f tok/s), %lld decode tokens in %lld steps (%.0f tok/s)\n",
                outputs.size(), (long long)s.prefill_tokens, (long long)s.prefill_steps,
                s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0, (long long)s.decode_tokens,
                (long long)s.decode_steps, s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);

@@ -53,7 +53,8 @@ struct Qwen3Workspace {
   Tensor logits;       // (B, V) F32
   Tensor cos, sin;     // (max_positions, D / 2) F32: the RoPE tables
   Buffer storage;
-  // Bytes needed for a given T and B (exact: the runner budgets the KV cache with it).
+  // Bytes needed for a given T and B (the runner allocates exactly this, before measuring what is left
+  // for the KV cache).
   static size_t bytes_needed(const ModelConfig& config, int tp_size, DType act, int max_tokens, int max_seqs,
                              int max_positions);
 };

@@ -416,7 +416,7 @@ int decode_rows(const AttentionShape& s) {
 }  // namespace
 
 // The default, or NANOVLLM_ATTENTION_VERSION from the environment (for comparing versions end to end).
-int attention_kernel_version = std::getenv("NANOVLLM_ATTENTION_VERSION") ? std::atoi(std::getenv("NANOVLLM_ATTENTION_VERSION")) : 2;
+int attention_kernel_version = std::getenv("NANOVLLM_ATTENTION_VERSION") ? std::atoi(std::getenv("NANOVLLM_ATTENTION_VERSION")) : 1;
 
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream) {

@@ -63,8 +63,8 @@ void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16*
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 
 // Which version of the paged attention kernel runs (notes in 05_attention/NOTES.md): 1 = load then
-// compute; 2 = block table staged in shared memory; 3 = 2 + the next keys loaded while computing.
-// Tests run all of them.
+// compute (the default: fastest on the H200, see NOTES.md); 2 = block table staged in shared memory;
+// 3 = 2 + the next keys loaded while computing. Tests run all of them.
 extern int attention_kernel_version;
 
 // Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size.

@@ -139,7 +139,7 @@ TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   auto r = run_nanovllm("bench --random tiny --device cpu --num-seqs 4 --max-input-len 200 --max-output-len 120");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Total: 437tok"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("prompt tokens 603 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prompt tokens 603,"), std::string::npos) << r.out;
 }
 
 TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
