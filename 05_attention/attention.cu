@@ -386,8 +386,7 @@ void launch_version(const PagedAttentionParams& p, int head_dim, dim3 grid, int 
   switch (head_dim) {
     case 64: launch_rows<64, DECODE, VERSION>(p, grid, rows, stream); break;
     case 128: launch_rows<128, DECODE, VERSION>(p, grid, rows, stream); break;
-    case 256: launch_rows<256, DECODE, VERSION>(p, grid, rows, stream); break;
-    default: fail("head_dim ", head_dim, " is not supported by the CUDA attention kernels (64, 128, 256)");
+    default: fail("head_dim ", head_dim, " is not supported by the CUDA attention kernels (64, 128)");
   }
 }
 
@@ -478,7 +477,6 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
   switch (shape.head_dim) {
     case 64: decode_combine_kernel<64><<<combine_grid, 64, 0, stream>>>(p); break;
     case 128: decode_combine_kernel<128><<<combine_grid, 128, 0, stream>>>(p); break;
-    case 256: decode_combine_kernel<256><<<combine_grid, 256, 0, stream>>>(p); break;
   }
   CUDA_CHECK_LAUNCH();
 }
