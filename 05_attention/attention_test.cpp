@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -33,27 +35,9 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr double kTol = 1e-5;
 
 // ---------------------------------------------------------------------------------------------------
-// Inputs: a fixed-seed generator of our own (splitmix64), so the data is the same with any libstdc++.
-
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [lo, hi).
-  float uniform(float lo = -1, float hi = 1) { return lo + (hi - lo) * float(next() >> 40) * (1.0f / 16777216.0f); }
-  int below(int n) { return int(next() % uint64_t(n)); }
-};
-
-std::vector<float> random_vector(size_t n, Rng& rng) {
-  std::vector<float> v(n);
-  for (float& x : v) x = rng.uniform();
-  return v;
-}
+// Inputs: test::Rng (tests/test_util.h), a fixed-seed splitmix64 of our own.
+using test::Rng;
+using test::random_vector;
 
 AttentionShape make_shape(int num_heads, int num_kv_heads, int head_dim, int block_size) {
   return AttentionShape{num_heads, num_kv_heads, head_dim, block_size, 1.0f / std::sqrt(float(head_dim))};

@@ -16,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -26,24 +28,9 @@ namespace {
 
 constexpr double kTol = 1e-5;
 
-// Fixed-seed splitmix64 values (our own generator: the same data with any standard library).
-struct Rng {
-  uint64_t state;
-  explicit Rng(uint64_t seed) : state(seed) {}
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return -1.0f + 2.0f * float(next() >> 40) * (1.0f / 16777216.0f); }  // [-1, 1)
-};
-
-std::vector<float> random_vector(size_t n, Rng& rng) {
-  std::vector<float> v(n);
-  for (float& x : v) x = rng.uniform();
-  return v;
-}
+// Inputs: test::Rng (tests/test_util.h), a fixed-seed splitmix64 of our own.
+using test::Rng;
+using test::random_vector;
 
 std::vector<float> linear(const std::vector<float>& x, const std::vector<float>& W, int n, int in, int out) {
   std::vector<float> y(size_t(n) * out, std::nanf(""));  // NaN: an output the code forgets to write shows

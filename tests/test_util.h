@@ -1,7 +1,9 @@
 // test_util.h: small helpers shared by the test files.
 #pragma once
 
+#include <cstdint>
 #include <fstream>
+#include <vector>
 #include <sstream>
 #include <string>
 
@@ -24,6 +26,27 @@ inline std::string read_file(const std::string& path) {
 }
 
 inline Json read_json(const std::string& path) { return Json::parse(read_file(path), path); }
+
+// A fixed-seed generator of our own (splitmix64): the same test data with any standard library.
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [lo, hi), 24 random bits.
+  float uniform(float lo = -1, float hi = 1) { return lo + (hi - lo) * float(next() >> 40) * (1.0f / 16777216.0f); }
+  int below(int n) { return int(next() % uint64_t(n)); }
+};
+
+inline std::vector<float> random_vector(size_t n, Rng& rng) {
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform();
+  return v;
+}
 
 }  // namespace nanovllm::test
 
