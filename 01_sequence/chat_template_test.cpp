@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include "01_sequence/common.h"
 #include "01_sequence/json.h"
 
@@ -17,15 +19,7 @@ std::string render(const std::vector<ChatMessage>& messages, bool add_generation
   return apply_chat_template(messages, add_generation_prompt, enable_thinking);
 }
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 }  // namespace
 

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <algorithm>
 #include <random>
 #include <thread>
@@ -39,16 +41,7 @@ std::vector<std::string> pieces(const std::string& text) {
   return out;
 }
 
-// The message of the Error that f() throws, or "" if it throws none.
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // The id of the one-byte token for byte b in the Qwen3 vocabulary.
 int32_t byte_token(uint8_t b) { return *qwen3().token_to_id(cp(byte_to_unicode(b))); }

@@ -27,6 +27,17 @@ inline std::string read_file(const std::string& path) {
 
 inline Json read_json(const std::string& path) { return Json::parse(read_file(path), path); }
 
+// The message of the Error that f() throws, or "" if it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A fixed-seed generator of our own (splitmix64): the same test data with any standard library.
 struct Rng {
   uint64_t state;
