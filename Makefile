@@ -43,33 +43,43 @@ endif
 
 # ---------------------------------------------------------------------------------------------------
 # Chapters. The reading order (01 -> 07) follows one request through the engine, top down; the build
-# order is bottom up. deps_NN lists, in full, the chapters whose code chapter NN calls.
+# order is bottom up. deps_NN lists, in full, the chapters whose code chapter NN calls. Calls flow along
+# the reading order: the entry (01) calls everything, the scheduler (02) the block manager (03), the
+# model runner (04) attention (05), the linears (06) and the sampler (07).
+#
+# The folders say what is what:
+#   01_sequence/base/      the floor every chapter builds on (errors, JSON, files, bf16, CUDA checks)
+#   01_sequence/*.h        the shared data types (Sequence, SamplingParams, EngineConfig): headers only
+#   01_sequence/*.cpp, tokenizer/, cli/   the entry, the tokenizer and the command line: chapter 01
+#   01_sequence/cli/main.cpp              build/nanovllm's main(), linked into the binary only
 
 CHAPTERS := 01 02 03 04 05 06 07
-deps_01 :=
-deps_03 := 01
-deps_02 := 01 03
-deps_05 := 01
-deps_06 := 01
-deps_07 := 01
-deps_04 := 01 05 06 07
+deps_01 := 02 03 04 05 06 07
+deps_02 := 03
+deps_03 :=
+deps_04 := 05 06 07
+deps_05 :=
+deps_06 :=
+deps_07 :=
 
-# The entry (LLMEngine and the command line) sits in 01_sequence but calls everything: it is linked last.
-ENTRY_SRCS := 01_sequence/llm_engine.cpp 01_sequence/engine_cli.cpp 01_sequence/bench_cli.cpp \
-              01_sequence/main.cpp
-
+BASE_DIR := 01_sequence/base
+MAIN_SRC := 01_sequence/cli/main.cpp
+# Every source under a folder, at any depth.
+sources_in = $(shell find $(1) -name '*.cpp' $(if $(WITH_CUDA),-o -name '*.cu') 2>/dev/null | sort)
 chapter_dir  = $(wildcard $(1)_*)
-chapter_srcs = $(filter-out %_test.cpp $(ENTRY_SRCS),$(wildcard $(call chapter_dir,$(1))/*.cpp)) \
-               $(if $(WITH_CUDA),$(wildcard $(call chapter_dir,$(1))/*.cu))
+chapter_srcs = $(filter-out %_test.cpp $(MAIN_SRC) $(BASE_DIR)/%,$(call sources_in,$(call chapter_dir,$(1))))
 chapter_objs = $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_srcs,$(1)))
-# A chapter's tests: *_test.cpp in its folder, and tests/chNN_*_test.cpp (golden and model tests).
-chapter_test_srcs = $(wildcard $(call chapter_dir,$(1))/*_test.cpp) $(wildcard tests/ch$(1)_*_test.cpp)
-chapter_link_objs = $(foreach c,$(1) $(deps_$(1)),$(call chapter_objs,$(c)))
+# A chapter's tests: *_test.cpp anywhere in its folder, and tests/chNN_*_test.cpp (golden and model tests).
+chapter_test_srcs = $(filter %_test.cpp,$(call sources_in,$(call chapter_dir,$(1)))) $(wildcard tests/ch$(1)_*_test.cpp)
+BASE_OBJS  := $(patsubst %,$(BUILD)/obj/%.o,$(filter-out %_test.cpp,$(call sources_in,$(BASE_DIR))))
+chapter_link_objs = $(foreach c,$(1) $(deps_$(1)),$(call chapter_objs,$(c))) $(BASE_OBJS)
 
-ALL_OBJS   := $(foreach c,$(CHAPTERS),$(call chapter_objs,$(c)))
-ENTRY_OBJS := $(patsubst %,$(BUILD)/obj/%.o,$(wildcard $(ENTRY_SRCS)))
+ALL_OBJS   := $(foreach c,$(CHAPTERS),$(call chapter_objs,$(c))) $(BASE_OBJS)
+MAIN_OBJ   := $(BUILD)/obj/$(MAIN_SRC).o
 E2E_SRCS   := $(wildcard tests/e2e_*_test.cpp)
-TEST_BINS  := $(foreach c,$(CHAPTERS),$(BUILD)/test_ch$(c)) $(if $(E2E_SRCS),$(BUILD)/test_e2e)
+BOOK_SRCS  := $(wildcard tests/book_*_test.cpp)
+TEST_BINS  := $(foreach c,$(CHAPTERS),$(BUILD)/test_ch$(c)) $(if $(E2E_SRCS),$(BUILD)/test_e2e) \
+              $(if $(BOOK_SRCS),$(BUILD)/test_book)
 
 # Test data built from shipped files: the Qwen3 tokenizer is shipped gzip'd (2 MB instead of 11 MB).
 TOKENIZER_DIR := $(BUILD)/data/qwen3-tokenizer
@@ -83,7 +93,7 @@ all: $(BUILD)/nanovllm $(DATA)
 	@if [ -n "$(WITH_CUDA)" ]; then echo "built $(BUILD)/nanovllm with CUDA ($(NVCC), sm $(CUDA_ARCH))"; \
 	 else echo "built $(BUILD)/nanovllm for the CPU only (nvcc not found)"; fi
 
-$(BUILD)/nanovllm: $(ENTRY_OBJS) $(ALL_OBJS)
+$(BUILD)/nanovllm: $(MAIN_OBJ) $(ALL_OBJS)
 	$(CXX) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # `make chapter-03 test` runs only chapter 03; `make test` runs everything.
@@ -97,7 +107,7 @@ chapter-%: $(BUILD)/test_ch% $(DATA)
 ## test: run the tests (after chapter-NN: only that chapter's suites)
 test: $(RUN_BINS) $(if $(SELECTED),,$(BUILD)/nanovllm) $(DATA)
 	@set -e; for t in $(RUN_BINS); do \
-	  ch=$${t##*/test_ch}; filter=$$( [ "$$ch" = "$$t" ] && echo 'E2E_*' || echo "Ch$${ch}_*"); \
+	  case $${t##*/} in test_ch*) filter="Ch$${t##*/test_ch}_*";; test_e2e) filter='E2E_*';; *) filter='Book_*';; esac; \
 	  echo "== $$t --gtest_filter=$$filter"; $$t --gtest_filter="$$filter" --gtest_brief=1; done
 
 ## sanitize: build everything with AddressSanitizer + UBSan (CPU only) in build-sanitize/ and run the tests
@@ -106,7 +116,7 @@ sanitize:
 
 ## help: list the targets
 help:
-	@grep -E '^## ' $(MAKEFILE_LIST) | sed 's/^## /  make /'
+	@grep -hE '^## ' $(firstword $(MAKEFILE_LIST)) | sed 's/^## /  make /'
 
 ## clean: remove build outputs
 clean:
@@ -123,7 +133,10 @@ $(BUILD)/test_ch$(1): $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_test_srcs,$(1
 endef
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_test_rule,$(c))))
 
-$(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(filter-out %/main.cpp.o,$(ENTRY_OBJS)) $(ALL_OBJS)
+$(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(ALL_OBJS)
+	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest_main -lgtest $(LDLIBS)
+
+$(BUILD)/test_book: $(patsubst %,$(BUILD)/obj/%.o,$(BOOK_SRCS)) $(BASE_OBJS)
 	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest_main -lgtest $(LDLIBS)
 
 $(BUILD)/obj/%.cpp.o: %.cpp

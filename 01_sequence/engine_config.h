@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "01_sequence/common.h"
+#include "01_sequence/base/common.h"
 
 namespace nanovllm {
 

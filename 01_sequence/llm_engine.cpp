@@ -8,8 +8,8 @@
 
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
-#include "01_sequence/tokenizer.h"
-#include "04_model_runner/safetensors.h"
+#include "01_sequence/tokenizer/tokenizer.h"
+#include "04_model_runner/checkpoint/safetensors.h"
 #include "07_sampler/sampler.h"
 
 namespace nanovllm {

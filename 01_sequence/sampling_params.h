@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "01_sequence/common.h"
+#include "01_sequence/base/common.h"
 
 namespace nanovllm {
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "01_sequence/sampling_params.h"
@@ -21,8 +22,19 @@ class Sequence {
  public:
   // A new request: WAITING, nothing cached, no blocks. block_size is the engine's KV block size (passed
   // in, not a global: nano-vllm's class attribute is how its tensor-parallel workers got it wrong).
-  Sequence(int64_t seq_id, std::vector<int32_t> prompt_token_ids, const SamplingParams& params,
-           uint64_t seed, int block_size);
+  Sequence(int64_t id, std::vector<int32_t> prompt_token_ids, const SamplingParams& sampling, uint64_t sampling_seed,
+           int kv_block_size)
+      : seq_id(id),
+        token_ids(std::move(prompt_token_ids)),
+        last_token(token_ids.empty() ? -1 : token_ids.back()),
+        num_prompt_tokens(int(token_ids.size())),
+        params(sampling),
+        seed(sampling_seed),
+        block_size(kv_block_size) {
+    if (token_ids.empty()) fail("request ", id, ": the prompt is empty");
+    if (block_size < 1) fail("block size must be >= 1, got ", block_size);
+    params.validate();
+  }
 
   int num_tokens() const { return int(token_ids.size()); }
   int num_completion_tokens() const { return num_tokens() - num_prompt_tokens; }

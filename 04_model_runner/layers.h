@@ -47,7 +47,7 @@ void gather_rows_cpu(float* out, const float* x, const int32_t* rows, int m, int
 // CUDA kernels (layers.cu): the same operations on bf16 tensors, fp32 arithmetic inside. Each runs on
 // `stream`; all pointers are device pointers. hidden, inter and head_dim must be multiples of 8.
 #ifdef NANOVLLM_CUDA
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 

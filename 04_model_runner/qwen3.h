@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "04_model_runner/backend.h"
-#include "04_model_runner/config.h"
-#include "04_model_runner/safetensors.h"
+#include "04_model_runner/checkpoint/config.h"
+#include "04_model_runner/checkpoint/safetensors.h"
 
 namespace nanovllm {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "01_sequence/common.h"
-#include "04_model_runner/dtype.h"
+#include "01_sequence/base/common.h"
+#include "04_model_runner/checkpoint/dtype.h"
 
 namespace nanovllm {
 

@@ -55,7 +55,7 @@ void decode_attention_cpu(float* out, int64_t out_stride, const float* q, int64_
 // ---------------------------------------------------------------------------------------------------
 // CUDA (attention.cu): the same three operations on a bf16 cache, fp32 arithmetic.
 #ifdef NANOVLLM_CUDA
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 

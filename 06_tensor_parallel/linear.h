@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "01_sequence/common.h"
+#include "01_sequence/base/common.h"
 
 namespace nanovllm {
 
@@ -75,7 +75,7 @@ std::vector<T> pack_row_shards(const std::vector<const std::vector<T>*>& weights
 #ifdef NANOVLLM_CUDA
 #include <cublas_v2.h>
 
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 

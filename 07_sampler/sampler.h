@@ -68,7 +68,7 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 // numbers as the CPU. Rows asking for top-k or top-p are not handled here: the model runner samples
 // those on the CPU (sample_cpu).
 #ifdef NANOVLLM_CUDA
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 

@@ -6,10 +6,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "01_sequence/chat_template.h"
-#include "01_sequence/common.h"
-#include "01_sequence/json.h"
-#include "01_sequence/tokenizer.h"
+#include "01_sequence/tokenizer/chat_template.h"
+#include "01_sequence/base/common.h"
+#include "01_sequence/base/json.h"
+#include "01_sequence/tokenizer/tokenizer.h"
 
 using namespace nanovllm;
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm::test {
 

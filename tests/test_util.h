@@ -1,14 +1,21 @@
-// test_util.h: small helpers shared by the test files.
+// test_util.h: small helpers shared by the test files: test data paths, files, a scratch folder, the
+// message of an expected Error, a fixed-seed generator, and running build/nanovllm.
 #pragma once
 
+#include <ftw.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <vector>
+#include <iterator>
 #include <sstream>
 #include <string>
+#include <vector>
 
-#include "01_sequence/common.h"
-#include "01_sequence/json.h"
+#include "01_sequence/base/common.h"
+#include "01_sequence/base/json.h"
 
 namespace nanovllm::test {
 
@@ -27,7 +34,52 @@ inline std::string read_file(const std::string& path) {
 
 inline Json read_json(const std::string& path) { return Json::parse(read_file(path), path); }
 
-// The message of the Error that f() throws, or "" if it throws none.
+inline std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+inline void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+inline void write_string(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// A golden tiny checkpoint, "tiny-qwen3-a" or "tiny-qwen3-b", in the source tree.
+inline std::string golden_dir(const std::string& name) { return data_path("golden/" + name); }
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/nanovllm-test-XXXXXX";
+    std::vector<char> buffer(pattern.begin(), pattern.end());
+    buffer.push_back('\0');
+    if (!mkdtemp(buffer.data())) std::abort();
+    path_ = buffer.data();
+  }
+  ~TempDir() {
+    // Depth first (FTW_DEPTH), not following symbolic links (FTW_PHYS).
+    nftw(path_.c_str(), [](const char* p, const struct stat*, int, FTW*) { return std::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// The message of the Error that f() throws, or "" if it throws none. Any other exception propagates and
+// fails the test.
 template <class F>
 std::string error_of(F f) {
   try {

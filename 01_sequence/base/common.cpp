@@ -1,0 +1,18 @@
+// common.cpp: the one non-inline shared helper.
+#include "01_sequence/base/common.h"
+
+#include <unistd.h>
+
+#include <climits>
+
+namespace nanovllm {
+
+std::string data_dir() {
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return "build/data";  // no /proc: assume the working directory is the repository root
+  std::string exe(path, size_t(n));
+  return exe.substr(0, exe.rfind('/')) + "/data";
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,164 @@
+// Tests for the JSON reader and writer: RFC 8259 examples, every error class with its line:column, and
+// round trips.
+#include "01_sequence/base/json.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "01_sequence/base/common.h"
+
+using nanovllm::Error;
+using nanovllm::Json;
+
+namespace {
+
+// The message of the Error that parsing `text` throws, or "" if it parses.
+std::string parse_error(const std::string& text) {
+  try {
+    Json::parse(text, "t.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Ch01_Json, ParsesNestedValues) {
+  Json v = Json::parse(R"({"a": [1, -2.5, 3e2, true, false, null], "b": {"c": "d"}, "e": ""})", "t");
+  ASSERT_TRUE(v.is_object());
+  const auto& a = v.at("a").as_array();
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a[0].as_int64(), 1);
+  EXPECT_TRUE(a[0].is_integer());
+  EXPECT_DOUBLE_EQ(a[1].as_double(), -2.5);
+  EXPECT_FALSE(a[1].is_integer());
+  EXPECT_DOUBLE_EQ(a[2].as_double(), 300.0);
+  EXPECT_EQ(a[2].as_int64(), 300);  // integral doubles are accepted as integers
+  EXPECT_TRUE(a[3].as_bool());
+  EXPECT_FALSE(a[4].as_bool());
+  EXPECT_TRUE(a[5].is_null());
+  EXPECT_EQ(v.at("b").at("c").as_string(), "d");
+  EXPECT_EQ(v.at("e").as_string(), "");
+  EXPECT_EQ(v.find("zzz"), nullptr);
+}
+
+TEST(Ch01_Json, Int64LimitsAreExact) {
+  Json v = Json::parse("[9223372036854775807, -9223372036854775808, 9223372036854775808]", "t");
+  EXPECT_EQ(v.as_array()[0].as_int64(), INT64_MAX);
+  EXPECT_EQ(v.as_array()[1].as_int64(), INT64_MIN);
+  EXPECT_FALSE(v.as_array()[2].is_integer());  // one past the int64 range...
+  EXPECT_EQ(v.as_array()[2].as_uint64(), 9223372036854775808ull);  // ...is still an exact uint64
+  EXPECT_DOUBLE_EQ(v.as_array()[2].as_double(), 9223372036854775808.0);
+  Json u = Json::parse("[18446744073709551615, 18446744073709551616, -1]", "t");
+  EXPECT_EQ(u.as_array()[0].as_uint64(), UINT64_MAX);
+  EXPECT_EQ(u.as_array()[0].dump(), "18446744073709551615");
+  EXPECT_THROW(u.as_array()[1].as_uint64(), Error);  // beyond 64 bits: only a double
+  EXPECT_THROW(u.as_array()[2].as_uint64(), Error);
+  EXPECT_EQ(Json(uint64_t(1) << 63).dump(), "9223372036854775808");
+}
+
+TEST(Ch01_Json, StringEscapesAndSurrogatePairs) {
+  Json v = Json::parse(R"(["\"\\\/\b\f\n\r\t", "\u00e9\u4e2d", "\ud83d\ude00", "é中😀"])", "t");
+  const auto& a = v.as_array();
+  EXPECT_EQ(a[0].as_string(), "\"\\/\b\f\n\r\t");
+  EXPECT_EQ(a[1].as_string(), "\xc3\xa9\xe4\xb8\xad");
+  EXPECT_EQ(a[2].as_string(), "\xf0\x9f\x98\x80");
+  EXPECT_EQ(a[3].as_string(), "\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80");
+}
+
+TEST(Ch01_Json, ErrorsNameLineAndColumn) {
+  EXPECT_EQ(parse_error("{\n  \"a\": 1,\n}"), "t.json:3:1: expected a string key in the object");
+  EXPECT_EQ(parse_error("[1 2]"), "t.json:1:4: expected ',' or ']' after an array element");
+  EXPECT_EQ(parse_error("{\"a\" 1}"), "t.json:1:6: expected ':' after an object key");
+  EXPECT_EQ(parse_error("[1,]"), "t.json:1:4: unexpected character (expected a JSON value)");
+  EXPECT_EQ(parse_error("01"), "t.json:1:2: leading zeros are not allowed in numbers");
+  EXPECT_EQ(parse_error("1."), "t.json:1:3: expected a digit after the decimal point");
+  EXPECT_EQ(parse_error("-"), "t.json:1:2: expected a digit in the number");
+  EXPECT_EQ(parse_error("1e"), "t.json:1:3: expected a digit in the exponent");
+  EXPECT_EQ(parse_error("\"abc"), "t.json:1:5: unterminated string");
+  EXPECT_EQ(parse_error("\"a\tb\""), "t.json:1:3: control character in a string (must be escaped)");
+  EXPECT_EQ(parse_error("\"\\x\""), "t.json:1:3: invalid escape in a string");
+  EXPECT_EQ(parse_error("\"\\ud800\""), "t.json:1:8: lone high surrogate in \\u escape");
+  EXPECT_EQ(parse_error("\"\\udc00\""), "t.json:1:8: lone low surrogate in \\u escape");
+  EXPECT_EQ(parse_error("\"\\u12g4\""), "t.json:1:6: invalid hex digit in \\u escape");
+  EXPECT_EQ(parse_error("\"\xff\""), "t.json:1:2: invalid UTF-8 in a string");
+  EXPECT_EQ(parse_error("\"\xc0\xaf\""), "t.json:1:2: invalid UTF-8 in a string");  // overlong '/'
+  EXPECT_EQ(parse_error("\"\xed\xa0\x80\""), "t.json:1:2: invalid UTF-8 in a string");  // surrogate
+  EXPECT_EQ(parse_error("tru"), "t.json:1:1: invalid literal (expected a JSON value)");
+  EXPECT_EQ(parse_error("NaN"), "t.json:1:1: unexpected character (expected a JSON value)");
+  EXPECT_EQ(parse_error("// c\n1"), "t.json:1:1: unexpected character (expected a JSON value)");
+  EXPECT_EQ(parse_error("1 2"), "t.json:1:3: unexpected text after the JSON value");
+  EXPECT_EQ(parse_error(""), "t.json:1:1: unexpected end of input (expected a JSON value)");
+  EXPECT_EQ(parse_error("[" + std::string(600, '[')), "t.json:1:514: nesting deeper than 512 levels");
+}
+
+TEST(Ch01_Json, AccessorsReportTypeMismatch) {
+  Json v = Json::parse(R"({"s": "x", "n": 1.5})", "t");
+  try {
+    v.at("s").as_int64();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "expected an integer, got a string");
+  }
+  try {
+    v.at("n").as_int64();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "expected an integer, got 1.5");
+  }
+  try {
+    v.at("missing");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "missing field 'missing'");
+  }
+}
+
+TEST(Ch01_Json, DuplicateKeysLastWins) {
+  Json v = Json::parse(R"({"a": 1, "a": 2})", "t");
+  EXPECT_EQ(v.at("a").as_int64(), 2);
+}
+
+TEST(Ch01_Json, DumpEscapesAndReplacesInvalidUtf8) {
+  Json v = Json::object();
+  v.set("text", std::string("a\"b\\c\n\x01\xff\xc3\xa9"));
+  v.set("n", int64_t(-7));
+  v.set("x", 0.1);
+  Json a = Json::array();
+  a.push_back(Json());
+  a.push_back(true);
+  v.set("a", a);
+  EXPECT_EQ(v.dump(), "{\"text\":\"a\\\"b\\\\c\\n\\u0001\xef\xbf\xbd\xc3\xa9\",\"n\":-7,\"x\":0.1,\"a\":[null,true]}");
+}
+
+TEST(Ch01_Json, RandomDoublesRoundTrip) {
+  std::mt19937_64 rng(1);
+  for (int i = 0; i < 2000; i++) {
+    uint64_t bits = rng();
+    double d;
+    std::memcpy(&d, &bits, 8);
+    if (!std::isfinite(d)) continue;
+    Json back = Json::parse(Json(d).dump(), "t");
+    ASSERT_EQ(back.as_double(), d) << Json(d).dump();
+  }
+}
+
+TEST(Ch01_Json, FloatWriterIsShortestRoundTrip) {
+  std::string out;
+  nanovllm::json_append_float(out, 0.1f);
+  EXPECT_EQ(out, "0.1");
+  out.clear();
+  nanovllm::json_append_float(out, NAN);
+  EXPECT_EQ(out, "null");
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.f, 30.f);
+  for (int i = 0; i < 2000; i++) {
+    float f = normal(rng);
+    out.clear();
+    nanovllm::json_append_float(out, f);
+    ASSERT_EQ(float(Json::parse(out, "t").as_double()), f) << out;
+  }
+}

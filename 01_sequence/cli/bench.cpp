@@ -1,0 +1,248 @@
+// bench_cli.cpp: `nanovllm bench`, nano-vllm's bench.py reproduced exactly.
+//
+// bench.py: random.seed(0); 256 prompts of randint(100, 1024) token ids, each randint(0, 10000); then
+// for each, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 1024)); one warm-up
+// request; throughput = total max_tokens / wall time of generate(). Python's `random` is MT19937 seeded
+// by init_by_array([0]), and randint draws by rejection from getrandbits; PythonRandom below is the same
+// generator, so the workload is the same token for token: 142,827 prompt and 133,966 output tokens.
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "01_sequence/cli/flags.h"
+#include "01_sequence/llm_engine.h"
+#include "02_scheduler/scheduler.h"
+#include "04_model_runner/model_runner.h"
+#include "04_model_runner/checkpoint/random_model.h"
+#include "04_model_runner/checkpoint/safetensors.h"
+#include "05_attention/attention.h"
+
+namespace nanovllm {
+
+namespace {
+
+// CPython's random.Random: the MT19937 Mersenne Twister (Matsumoto & Nishimura's reference algorithm).
+class PythonRandom {
+ public:
+  // random.seed(n) for a small non-negative int n: init_by_array([n]).
+  explicit PythonRandom(uint32_t seed) {
+    init_genrand(19650218u);
+    const uint32_t key[1] = {seed};
+    int i = 1, j = 0;
+    for (int k = kN; k > 0; k--) {
+      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1664525u)) + key[j] + uint32_t(j);
+      i++, j++;
+      if (i >= kN) mt_[0] = mt_[kN - 1], i = 1;
+      if (j >= 1) j = 0;
+    }
+    for (int k = kN - 1; k > 0; k--) {
+      mt_[i] = (mt_[i] ^ ((mt_[i - 1] ^ (mt_[i - 1] >> 30)) * 1566083941u)) - uint32_t(i);
+      i++;
+      if (i >= kN) mt_[0] = mt_[kN - 1], i = 1;
+    }
+    mt_[0] = 0x80000000u;
+  }
+
+  // random.randint(a, b): a + _randbelow(b - a + 1), by rejection on getrandbits(bit_length(n)).
+  int randint(int a, int b) {
+    const uint32_t n = uint32_t(b - a + 1);
+    int k = 0;
+    while ((n >> k) != 0) k++;
+    uint32_t r;
+    do r = next() >> (32 - k);  // getrandbits(k) for k <= 32
+    while (r >= n);
+    return a + int(r);
+  }
+
+ private:
+  static constexpr int kN = 624, kM = 397;
+
+  void init_genrand(uint32_t s) {
+    mt_[0] = s;
+    for (int i = 1; i < kN; i++) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + uint32_t(i);
+    index_ = kN;
+  }
+
+  uint32_t next() {
+    if (index_ >= kN) {
+      for (int i = 0; i < kN; i++) {
+        uint32_t y = (mt_[i] & 0x80000000u) | (mt_[(i + 1) % kN] & 0x7fffffffu);
+        mt_[i] = mt_[(i + kM) % kN] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+      }
+      index_ = 0;
+    }
+    uint32_t y = mt_[index_++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+  }
+
+  uint32_t mt_[kN];
+  int index_ = kN + 1;
+};
+
+}  // namespace
+
+int cmd_bench(const Flags& flags) {
+  const int num_seqs = int(flags.get_int("num-seqs", 256, 1, 1 << 20));
+  const int max_input_len = int(flags.get_int("max-input-len", 1024, 100, 1 << 20));
+  const int max_output_len = int(flags.get_int("max-output-len", 1024, 100, 1 << 20));
+
+  // The model: a checkpoint, or random weights of a real model's shape (speed does not depend on values).
+  std::string model = flags.get("model");
+  if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
+  if (flags.has("random")) {
+    const std::string preset = flags.get("random");
+    model = data_dir() + "/random-" + preset;
+    if (!is_regular_file(model + "/config.json")) {
+      std::fprintf(stderr, "writing random %s weights to %s ...\n", preset.c_str(), model.c_str());
+      write_random_model(preset, model, 0);
+    }
+  }
+
+  // bench.py's workload.
+  PythonRandom rng(0);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(num_seqs));
+  for (auto& p : prompts) {
+    p.resize(size_t(rng.randint(100, max_input_len)));
+    for (auto& t : p) t = rng.randint(0, 10000);
+  }
+  std::vector<SamplingParams> params(static_cast<size_t>(num_seqs));
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  for (size_t i = 0; i < params.size(); i++) {
+    params[i].temperature = 0.6f;
+    params[i].ignore_eos = true;
+    params[i].max_tokens = rng.randint(100, max_output_len);
+    prompt_tokens += int64_t(prompts[i].size());
+    output_tokens += params[i].max_tokens;
+  }
+
+  EngineConfig config;
+  config.model = model;
+  config.device = flags.get("device");
+  config.max_model_len = int(flags.get_int("max-model-len", 4096, 1, 1 << 24));
+  config.max_num_seqs = int(flags.get_int("max-num-seqs", config.max_num_seqs, 1, 1 << 20));
+  config.max_num_batched_tokens = int(flags.get_int("max-num-batched-tokens", config.max_num_batched_tokens, 1, 1 << 24));
+  config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
+  config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
+  if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
+  config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
+  config.trace = flags.has("trace");
+  config.seed = flags.get_uint64("seed", 0);
+
+  auto t_load = std::chrono::steady_clock::now();
+  LLMEngine engine(config);
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  std::fprintf(stderr, "model %s on %s: %d KV blocks of %d tokens (%.1f GiB), loaded in %.1f s\n", model.c_str(),
+               engine.config().device.c_str(), engine.config().num_kvcache_blocks, config.kvcache_block_size,
+               double(engine.model_runner().kv_cache_bytes()) / (1 << 30), load_seconds);
+
+  // Warm-up, as bench.py: one short request with default sampling (temperature 1, 64 tokens).
+  engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3}}, {SamplingParams()});
+  const EngineStats before = engine.stats();
+
+  if (flags.has("profile")) engine.model_runner().backend().set_profiling(true);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  int64_t generated = 0;
+  for (const auto& o : outputs) generated += int64_t(o.token_ids.size());
+  if (generated != output_tokens) fail("generated ", generated, " tokens, expected ", output_tokens);
+  const EngineStats& s = engine.stats();
+  const int64_t decode_steps = s.decode_steps - before.decode_steps;
+  const double decode_seconds = s.decode_seconds - before.decode_seconds;
+  const double prefill_seconds = s.prefill_seconds - before.prefill_seconds;
+  // Bytes a decode step must read at least: every weight once, and the K/V of every context token.
+  const ModelConfig& mc = engine.model_runner().model_config();
+  const double weight_bytes = double(parameter_count(mc)) * 2;  // bf16
+  const double kv_bytes_per_token = double(engine.model_runner().kv_block_bytes()) / config.kvcache_block_size;
+  const double decode_bytes = double(decode_steps) * weight_bytes +
+                              double(s.decode_context_tokens - before.decode_context_tokens) * kv_bytes_per_token;
+
+  std::printf("Total: %lldtok, Time: %.2fs, Throughput: %.2ftok/s\n", (long long)output_tokens, seconds,
+              double(output_tokens) / seconds);
+  std::printf("prompt tokens %lld, prefill steps %lld (%.2f s); %lld decode steps (%.2f s, %.2f ms/step)\n",
+              (long long)prompt_tokens, (long long)(s.prefill_steps - before.prefill_steps), prefill_seconds,
+              (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
+  std::printf("decode reads >= %.1f GB (weights + KV): %.0f GB/s over the decode steps\n", decode_bytes / 1e9,
+              decode_bytes / 1e9 / decode_seconds);
+  std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
+              (long long)engine.scheduler().block_manager().total_hit_blocks());
+  if (flags.has("profile")) {
+    // Kernel time per operation over the whole run (eager; linear layers grouped by weight shape).
+    std::map<std::string, std::pair<int, double>> totals;
+    for (const auto& op : engine.model_runner().backend().profile_report()) {
+      std::string label = op.label;
+      if (label.rfind("linear ", 0) == 0) label = "linear " + label.substr(label.find('x') + 1);
+      totals[label].first += op.calls, totals[label].second += op.milliseconds;
+    }
+    double sum = 0;
+    std::printf("%-30s %9s %10s\n", "operation (whole run)", "calls", "ms");
+    for (const auto& [label, t] : totals) std::printf("%-30s %9d %10.1f\n", label.c_str(), t.first, t.second), sum += t.second;
+    std::printf("%-30s %9s %10.1f   of %.1f ms wall\n", "kernels", "", sum, seconds * 1e3);
+  }
+  return 0;
+}
+
+// `nanovllm bench-step`: one decode step at a given batch and context, operation by operation, with the
+// bytes each must move and the bandwidth it reached against the measured copy bandwidth.
+int cmd_bench_step(const Flags& flags) {
+  const int batch = int(flags.get_int("batch", 256, 1, 1 << 16));
+  const int context = int(flags.get_int("context", 1000, 1, 1 << 20));
+  const int iterations = int(flags.get_int("iters", 20, 1, 100000));
+  std::string model = flags.get("model");
+  if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
+  if (flags.has("random")) {
+    model = data_dir() + "/random-" + flags.get("random");
+    if (!is_regular_file(model + "/config.json")) write_random_model(flags.get("random"), model, 0);
+  }
+  EngineConfig config;
+  config.model = model;
+  config.device = flags.get("device");
+  config.max_num_seqs = std::max(batch, 1);
+  config.max_num_batched_tokens = std::max(batch, 1024);
+  config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
+  config.max_model_len = std::max(4096, context);
+  config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
+  config.validate();
+#ifdef NANOVLLM_CUDA
+  attention_kernel_version = int(flags.get_int("attention-version", attention_kernel_version, 1, 3));
+#endif
+  ModelRunner runner(config);
+  const ModelConfig& mc = runner.model_config();
+  const double copy_gbps = runner.backend().measure_copy_bandwidth();
+  ModelRunner::DecodeStepProfile p = runner.profile_decode_step(batch, context, iterations);
+
+  const double kv_bytes_per_token_layer = double(runner.kv_block_bytes()) / config.kvcache_block_size / mc.num_hidden_layers;
+  std::printf("decode step: batch %d, context %d, %s; copy bandwidth %.0f GB/s\n", batch, context,
+              config.device.c_str(), copy_gbps);
+  std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", p.eager_ms, p.graph_ms);
+  std::printf("%-34s %6s %10s %10s %9s %7s\n", "operation", "calls", "us/step", "MB/step", "GB/s", "% copy");
+  double total_ms = 0;
+  for (const auto& op : p.ops) {
+    // Bytes an operation must move at least: attention reads every context token's K and V; a linear
+    // layer reads its weight and activations and writes its output.
+    double bytes = 0;
+    int n = 0, in = 0, out = 0;
+    if (op.label == "attention decode") {
+      bytes = double(batch) * context * kv_bytes_per_token_layer * op.calls;
+    } else if (std::sscanf(op.label.c_str(), "linear %dx%d->%d", &n, &in, &out) == 3) {
+      bytes = (double(in) * out + double(n) * in) * 2 * op.calls + double(n) * out * (out == mc.vocab_size ? 4 : 2) * op.calls;
+    }
+    total_ms += op.milliseconds;
+    const double gbps = bytes / (op.milliseconds * 1e-3) / 1e9;
+    if (bytes > 0)
+      std::printf("%-34s %6d %10.1f %10.1f %9.0f %6.0f%%\n", op.label.c_str(), op.calls, op.milliseconds * 1e3,
+                  bytes / 1e6, gbps, 100 * gbps / copy_gbps);
+    else
+      std::printf("%-34s %6d %10.1f\n", op.label.c_str(), op.calls, op.milliseconds * 1e3);
+  }
+  std::printf("%-34s %6s %10.1f   (sum of kernel times; the rest of the eager step is launch and host work)\n",
+              "total", "", total_ms * 1e3);
+  return 0;
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,35 @@
+// The command line's flag parser and the subcommands that need no model run (01_sequence/cli/).
+#include <gtest/gtest.h>
+
+#include "01_sequence/cli/flags.h"
+#include "04_model_runner/checkpoint/config.h"
+#include "04_model_runner/checkpoint/random_model.h"
+#include "tests/test_util.h"
+
+using namespace nanovllm;
+using namespace nanovllm::test;
+
+TEST(Ch01_Cli, RandomModelCommand) {
+  TempDir dir;
+  auto run = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {});
+    return cmd_random_model(flags);
+  };
+  EXPECT_THROW(run({"--preset", "tiny"}), UsageError);         // no --out
+  EXPECT_THROW(run({"--out", dir / "m"}), UsageError);          // no --preset
+  try {
+    run({"--preset", "big", "--out", dir / "m"});
+    ADD_FAILURE() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "--preset: unknown preset 'big' (known: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b)");
+  }
+  EXPECT_THROW(run({"--preset", "tiny", "--out", dir / "m", "--seed", "-1"}), UsageError);
+  EXPECT_EQ(run({"--preset", "tiny", "--out", dir / "m", "--seed", "5"}), 0);
+  EXPECT_EQ(ModelConfig::load(dir / "m").vocab_size, 151936);
+  // --seed 5 through the command line gives the library's bytes for seed 5.
+  TempDir again;
+  write_random_model("tiny", again.path(), 5);
+  EXPECT_EQ(read_bytes(dir / "m/model.safetensors"), read_bytes(again / "model.safetensors"));
+}

@@ -1,0 +1,83 @@
+// cli.cpp: the flag parser behind every subcommand.
+#include "01_sequence/cli/flags.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace nanovllm {
+
+Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
+             const std::vector<std::string>& switches) {
+  auto contains = [](const std::vector<std::string>& list, const std::string& s) {
+    return std::find(list.begin(), list.end(), s) != list.end();
+  };
+  for (int i = 0; i < argc; i++) {
+    std::string arg = argv[i];
+    if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
+    std::string name = arg.substr(2);
+    if (contains(switches, name)) {
+      values_[name].push_back("");
+    } else if (contains(value_flags, name)) {
+      if (i + 1 >= argc) throw UsageError("flag " + arg + " needs a value");
+      values_[name].push_back(argv[++i]);
+      in_order_.emplace_back(name, argv[i]);
+    } else {
+      throw UsageError("unknown flag '" + arg + "'");
+    }
+  }
+}
+
+std::string Flags::get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second.back();
+}
+
+const std::vector<std::string>& Flags::get_all(const std::string& name) const {
+  static const std::vector<std::string> kNone;
+  auto it = values_.find(name);
+  return it == values_.end() ? kNone : it->second;
+}
+
+int64_t Flags::get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const {
+  if (!has(name)) return fallback;
+  std::string text = get(name);
+  int64_t value;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw UsageError("--" + name + " expects an integer, got '" + text + "'");
+  if (value < lo || value > hi)
+    throw UsageError("--" + name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "], got " + text);
+  return value;
+}
+
+double Flags::get_double(const std::string& name, double fallback, double lo, double hi) const {
+  if (!has(name)) return fallback;
+  std::string text = get(name);
+  char* end = nullptr;
+  errno = 0;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value))
+    throw UsageError("--" + name + " expects a number, got '" + text + "'");
+  if (value < lo || value > hi) {
+    std::ostringstream message;
+    message << "--" << name << " must be in [" << lo << ", " << hi << "], got " << text;
+    throw UsageError(message.str());
+  }
+  return value;
+}
+
+uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {
+  if (!has(name)) return fallback;
+  std::string text = get(name);
+  uint64_t value;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw UsageError("--" + name + " expects a non-negative integer, got '" + text + "'");
+  return value;
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,57 @@
+// cli.h: the command line's flag parser, shared by every subcommand of build/nanovllm.
+//
+// The contract (DESIGN.md): errors go to stderr as one line "error: ...", exit code 2 for a usage error
+// (unknown flag, missing or malformed value) and 1 for any other failure.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "01_sequence/base/common.h"
+
+namespace nanovllm {
+
+// A mistake in the command line itself: main() exits with code 2 instead of 1.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// Flags of one subcommand: `--name value` for value flags (repeatable, e.g. --prompt), `--name` alone
+// for switches. Anything else is a UsageError naming the offending argument.
+class Flags {
+ public:
+  Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
+        const std::vector<std::string>& switches);
+
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  // The last value given for a value flag, or `fallback` when absent.
+  std::string get(const std::string& name, const std::string& fallback = "") const;
+  const std::vector<std::string>& get_all(const std::string& name) const;
+  // Numeric values, checked against [lo, hi]; a malformed or out-of-range value is a UsageError.
+  int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
+  double get_double(const std::string& name, double fallback, double lo, double hi) const;
+  uint64_t get_uint64(const std::string& name, uint64_t fallback) const;
+  // Every value flag in command-line order, as (name, value): keeps --prompt / --prompt-ids interleaved.
+  const std::vector<std::pair<std::string, std::string>>& in_order() const { return in_order_; }
+
+ private:
+  std::map<std::string, std::vector<std::string>> values_;  // switches map to {""}
+  std::vector<std::pair<std::string, std::string>> in_order_;
+};
+
+// Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
+int cmd_hash_blocks(const Flags& flags);      // 01_sequence/cli/hash_blocks.cpp
+int cmd_tokenize(const Flags& flags);         // 01_sequence/cli/text.cpp
+int cmd_detokenize(const Flags& flags);       // 01_sequence/cli/text.cpp
+int cmd_chat_template(const Flags& flags);    // 01_sequence/cli/text.cpp
+int cmd_bench_tokenizer(const Flags& flags);  // 01_sequence/cli/text.cpp
+int cmd_random_model(const Flags& flags);     // 01_sequence/cli/random_model.cpp
+// Subcommands that run the engine are part of the entry (engine_cli.cpp, bench_cli.cpp).
+int cmd_generate(const Flags& flags);
+int cmd_logits(const Flags& flags);
+int cmd_bench(const Flags& flags);
+int cmd_bench_step(const Flags& flags);
+
+}  // namespace nanovllm

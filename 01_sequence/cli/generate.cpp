@@ -1,0 +1,180 @@
+// engine_cli.cpp: the subcommands that run the model: `generate` and `logits`.
+//
+//   nanovllm generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [sampling] [engine options] [--json]
+//   nanovllm logits   --model DIR --prompt-ids 1,2,3
+//
+// Part of the entry (linked last): it builds an LLMEngine from flags.
+#include <cstdio>
+#include <iostream>
+
+#include "01_sequence/cli/flags.h"
+#include "01_sequence/base/json.h"
+#include "01_sequence/llm_engine.h"
+#include "02_scheduler/scheduler.h"
+#include "01_sequence/tokenizer/chat_template.h"
+#include "01_sequence/tokenizer/tokenizer.h"
+#include "04_model_runner/model_runner.h"
+#include "04_model_runner/checkpoint/random_model.h"
+#include "04_model_runner/checkpoint/safetensors.h"
+
+namespace nanovllm {
+
+namespace {
+
+// "1,2,3" -> {1, 2, 3}.
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
+      throw UsageError("--prompt-ids expects comma-separated token ids, got '" + text + "'");
+    ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) throw UsageError("--prompt-ids is empty");
+  return ids;
+}
+
+// Without --model, `generate` runs on an embedded default: a tiny Qwen3 with random weights and the
+// real Qwen3 tokenizer, written under build/data the first time. Its text is gibberish, but every part
+// of the engine runs on it.
+std::string default_model() {
+  const std::string dir = data_dir() + "/tiny-random-qwen3";
+  if (!is_regular_file(dir + "/config.json")) {
+    std::fprintf(stderr, "no --model given: writing a tiny random-weight Qwen3 to %s\n", dir.c_str());
+    write_random_model("tiny", dir, 0, data_dir() + "/qwen3-tokenizer");
+  }
+  return dir;
+}
+
+EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
+  EngineConfig c;
+  c.model = f.get("model");
+  if (c.model.empty() && !default_allowed) throw UsageError("--model DIR is required");
+  if (c.model.empty()) c.model = default_model();
+  c.tokenizer = f.get("tokenizer");
+  c.device = f.get("device");
+  c.max_num_seqs = int(f.get_int("max-num-seqs", c.max_num_seqs, 1, 1 << 20));
+  c.max_num_batched_tokens = int(f.get_int("max-num-batched-tokens", c.max_num_batched_tokens, 1, 1 << 24));
+  c.max_model_len = int(f.get_int("max-model-len", c.max_model_len, 1, 1 << 24));
+  c.gpu_memory_utilization = float(f.get_double("gpu-memory-utilization", c.gpu_memory_utilization, 0.01, 1.0));
+  c.kvcache_block_size = int(f.get_int("block-size", c.kvcache_block_size, 16, 1 << 16));
+  if (c.kvcache_block_size % 16 != 0) throw UsageError("--block-size must be a multiple of 16");
+  c.num_kvcache_blocks = int(f.get_int("kv-cache-blocks", -1, 1, 1 << 30));
+  if (!f.has("kv-cache-blocks")) c.num_kvcache_blocks = -1;
+  c.tensor_parallel_size = int(f.get_int("tensor-parallel-size", 1, 1, 8));
+  c.enforce_eager = f.has("enforce-eager");
+  c.trace = f.has("trace");
+  c.seed = f.get_uint64("seed", 0);
+  if (!c.device.empty() && c.device != "cpu" && c.device != "cuda")
+    throw UsageError("--device must be cpu or cuda, got '" + c.device + "'");
+  return c;
+}
+
+SamplingParams sampling_from(const Flags& f) {
+  SamplingParams p;
+  p.temperature = float(f.get_double("temperature", p.temperature, -1e30, 1e30));
+  p.max_tokens = int(f.get_int("max-tokens", p.max_tokens, INT32_MIN, INT32_MAX));
+  p.top_k = int(f.get_int("top-k", p.top_k, INT32_MIN, INT32_MAX));
+  p.top_p = float(f.get_double("top-p", p.top_p, -1e30, 1e30));
+  p.ignore_eos = f.has("ignore-eos");
+  p.validate();  // "temperature must be >= 0 ...": exit 1, naming the value
+  return p;
+}
+
+}  // namespace
+
+int cmd_generate(const Flags& flags) {
+  SamplingParams params = sampling_from(flags);
+  bool any_text = flags.has("prompt");
+  if (!flags.has("prompt") && !flags.has("prompt-ids")) throw UsageError("give at least one --prompt or --prompt-ids");
+  if (flags.has("chat") && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
+
+  LLMEngine engine(engine_config_from(flags, /*default_allowed=*/true));
+  const Tokenizer* tokenizer = engine.tokenizer();
+  if (any_text && !tokenizer)
+    fail("--prompt TEXT needs a tokenizer: ", engine.config().model, " has no tokenizer.json (give --tokenizer DIR)");
+  // Prompts in command-line order; --chat wraps each text in Qwen3's chat template as one user turn
+  // (nano-vllm's example.py), thinking enabled as the template's default.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> prompt_texts;
+  for (const auto& [name, value] : flags.in_order()) {
+    if (name == "prompt-ids") {
+      prompts.push_back(parse_ids(value));
+      prompt_texts.push_back("");
+    } else if (name == "prompt") {
+      std::string text = flags.has("chat") ? apply_chat_template({{"user", value}}, true, true) : value;
+      prompts.push_back(tokenizer->encode(text));
+      prompt_texts.push_back(text);
+    }
+  }
+  std::vector<GenerateOutput> outputs = engine.generate(prompts, {params}, /*progress=*/true);
+
+  for (size_t i = 0; i < outputs.size(); i++) {
+    const GenerateOutput& out = outputs[i];
+    if (flags.has("json")) {
+      Json line = Json::object();
+      line.set("index", int64_t(i));
+      Json prompt_ids = Json::array(), token_ids = Json::array();
+      for (int32_t t : out.prompt_token_ids) prompt_ids.push_back(t);
+      for (int32_t t : out.token_ids) token_ids.push_back(t);
+      line.set("prompt_token_ids", prompt_ids);
+      line.set("token_ids", token_ids);
+      if (tokenizer) line.set("text", out.text);
+      std::cout << line.dump() << "\n";
+    } else if (tokenizer) {  // as nano-vllm's example.py: the prompt and the completion, quoted
+      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids) : prompt_texts[i];
+      std::string line = "Prompt: ";
+      json_append_quoted(line, prompt);
+      line += "\nCompletion: ";
+      json_append_quoted(line, out.text);
+      std::cout << line << "\n";
+    } else {
+      std::cout << "Prompt " << i << ": " << out.prompt_token_ids.size() << " tokens\nCompletion " << i << ":";
+      for (int32_t t : out.token_ids) std::cout << " " << t;
+      std::cout << "\n";
+    }
+  }
+  const EngineStats& s = engine.stats();
+  std::fprintf(stderr, "%zu requests: %lld tokens computed in %lld prefill steps (%.0f tok/s), %lld decode tokens in %lld steps (%.0f tok/s)\n",
+               outputs.size(), (long long)s.prefill_tokens, (long long)s.prefill_steps,
+               s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0, (long long)s.decode_tokens,
+               (long long)s.decode_steps, s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
+  if (engine.scheduler().num_preemptions() || engine.scheduler().block_manager().total_hit_blocks())
+    std::fprintf(stderr, "prefix cache: %lld blocks hit; preemptions: %lld\n",
+                 (long long)engine.scheduler().block_manager().total_hit_blocks(),
+                 (long long)engine.scheduler().num_preemptions());
+  return 0;
+}
+
+int cmd_logits(const Flags& flags) {
+  if (!flags.has("prompt-ids")) throw UsageError("--prompt-ids is required");
+  std::vector<int32_t> prompt = parse_ids(flags.get("prompt-ids"));
+  EngineConfig config = engine_config_from(flags, /*default_allowed=*/false);
+  LLMEngine engine(config);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 1;
+  engine.add_request(prompt, greedy);
+  // Prefill the prompt (in chunks if the token budget is small): the last step's logits are those after
+  // the last prompt token.
+  std::vector<float> logits;
+  while (!engine.is_finished()) engine.step(nullptr, &logits);
+  std::string out = "[";
+  for (size_t i = 0; i < logits.size(); i++) {
+    if (i) out += ',';
+    json_append_float(out, logits[i]);
+  }
+  out += "]\n";
+  std::cout << out;
+  return 0;
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,116 @@
+// main.cpp: build/nanovllm, the command line. It only dispatches: each subcommand lives beside the
+// chapter it shows (hash-blocks in 03, tokenize in 01, ...).
+//
+// Exit codes: 0 success, 1 failure (bad file, bad request), 2 usage error. Errors are one stderr line
+// "error: ...".
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "01_sequence/cli/flags.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(const nanovllm::Flags&);
+  std::vector<std::string> value_flags;
+  std::vector<std::string> switches;
+  const char* usage;
+};
+
+// Flags every engine command takes (DESIGN.md "engine options").
+const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs", "max-num-batched-tokens",
+                                               "max-model-len", "gpu-memory-utilization", "block-size",
+                                               "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer"};
+const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace"};
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"generate", nanovllm::cmd_generate,
+       plus(kEngineFlags, {"prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p"}),
+       plus(kEngineSwitches, {"chat", "ignore-eos", "json"}),
+       "generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [--chat] [--max-tokens N] [--temperature T] "
+       "[--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]"},
+      {"bench", nanovllm::cmd_bench,
+       {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
+        "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed"},
+       {"enforce-eager", "trace", "profile"},
+       "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
+       "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
+      {"bench-step", nanovllm::cmd_bench_step,
+       {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
+        "attention-version"},
+       {},
+       "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
+       "step, kernel by kernel, with GB/s"},
+      {"logits", nanovllm::cmd_logits, plus(kEngineFlags, {"prompt-ids"}), kEngineSwitches,
+       "logits --model DIR [--device cpu|cuda] --prompt-ids 1,2,3   -> the vocabulary logits after the last token"},
+      {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},
+       "hash-blocks [--block-size N]   stdin: JSON Lines of token-id arrays -> the chained xxh64 of each "
+       "full block"},
+      {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {},
+       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]   a checkpoint with random bf16 "
+       "weights shaped like a real Qwen3"},
+      {"tokenize", nanovllm::cmd_tokenize, {"tokenizer"}, {},
+       "tokenize [--tokenizer DIR]   stdin: JSON Lines of strings -> one JSON array of token ids per line"},
+      {"detokenize", nanovllm::cmd_detokenize, {"tokenizer"}, {},
+       "detokenize [--tokenizer DIR]   stdin: JSON Lines of token-id arrays -> one JSON string per line"},
+      {"chat-template", nanovllm::cmd_chat_template, {"tokenizer"}, {},
+       "chat-template [--tokenizer DIR]   stdin: JSON Lines {\"messages\":[...],\"add_generation_prompt\":"
+       "bool,\"enable_thinking\":bool} -> the rendered prompt, one JSON string per line"},
+      {"bench-tokenizer", nanovllm::cmd_bench_tokenizer, {"tokenizer", "file"}, {},
+       "bench-tokenizer [--tokenizer DIR] --file FILE...   encode throughput (MB/s) over the files"},
+  };
+  return table;
+}
+
+void print_usage(FILE* out) {
+  std::fprintf(out, "usage: nanovllm COMMAND [flags]\n\ncommands:\n");
+  for (const Command& c : commands()) std::fprintf(out, "  %s\n", c.usage);
+  std::fprintf(out,
+               "\nengine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
+               "                --gpu-memory-utilization F --block-size N (multiple of 16) --kv-cache-blocks N\n"
+               "                --enforce-eager --tensor-parallel-size N --seed S --trace\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "error: no command given (try: nanovllm help)\n");
+    return 2;
+  }
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+    print_usage(stdout);
+    return 0;
+  }
+  for (const Command& c : commands()) {
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    try {
+      nanovllm::Flags flags(argc - 2, argv + 2, c.value_flags, c.switches);
+      return c.run(flags);
+    } catch (const nanovllm::UsageError& e) {
+      std::fprintf(stderr, "error: %s (usage: nanovllm %s)\n", e.what(), c.usage);
+      return 2;
+    } catch (const nanovllm::Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "error: out of memory\n");
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: internal error: %s\n", e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "error: unknown command '%s' (try: nanovllm help)\n", argv[1]);
+  return 2;
+}

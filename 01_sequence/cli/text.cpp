@@ -1,0 +1,140 @@
+// text_cli.cpp: the command-line subcommands of chapter 01's text side (DESIGN.md, "The command line").
+//
+//   nanovllm tokenize      [--tokenizer DIR]  stdin: JSON Lines of strings  -> one JSON array of ids per line
+//   nanovllm detokenize    [--tokenizer DIR]  stdin: JSON Lines of id arrays -> one JSON string per line
+//   nanovllm chat-template [--tokenizer DIR]  stdin: JSON Lines of {"messages": [...], ...}
+//                                             -> one JSON string (the rendered prompt) per line
+//   nanovllm bench-tokenizer [--tokenizer DIR] --file FILE...   encode throughput in MB/s
+//
+//   $ echo '"Hello, world!"' | nanovllm tokenize
+//   [9707,11,1879,0]
+//
+// DIR defaults to build/data/qwen3-tokenizer. Blank lines are skipped; any bad line stops the command
+// with "error: stdin line N: ..." and exit code 1. Each output line is flushed at once, so another
+// program can talk to these commands line by line through a pipe.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "01_sequence/tokenizer/chat_template.h"
+#include "01_sequence/cli/flags.h"
+#include "01_sequence/base/json.h"
+#include "01_sequence/tokenizer/tokenizer.h"
+
+namespace nanovllm {
+
+namespace {
+
+Tokenizer load_tokenizer(const Flags& flags) {
+  return Tokenizer::load(flags.get("tokenizer", data_dir() + "/qwen3-tokenizer"));
+}
+
+// Runs `handle` on every non-blank stdin line, as a parsed JSON value, and prints what it returns.
+// Errors from the handler are prefixed with "stdin line N: ".
+template <class Handler>
+int for_each_json_line(Handler handle) {
+  std::string line;
+  for (int line_no = 1; std::getline(std::cin, line); line_no++) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string source = "stdin line " + std::to_string(line_no);
+    Json value = Json::parse(line, source);  // its errors already start with the source
+    std::string out;
+    try {
+      out = handle(value);
+    } catch (const Error& e) {
+      fail(source, ": ", e.what());
+    }
+    out += '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open ", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+int cmd_tokenize(const Flags& flags) {
+  Tokenizer tokenizer = load_tokenizer(flags);
+  return for_each_json_line([&](const Json& value) {
+    if (!value.is_string()) fail("expected a JSON string, got ", Json::type_name(value.type()));
+    std::string out = "[";
+    for (int32_t id : tokenizer.encode(value.as_string())) {
+      if (out.size() > 1) out += ',';
+      out += std::to_string(id);
+    }
+    return out + "]";
+  });
+}
+
+int cmd_detokenize(const Flags& flags) {
+  Tokenizer tokenizer = load_tokenizer(flags);
+  return for_each_json_line([&](const Json& value) {
+    if (!value.is_array()) fail("expected a JSON array of token ids, got ", Json::type_name(value.type()));
+    std::vector<int32_t> ids;
+    for (const Json& id : value.as_array()) {
+      if (!id.is_integer()) fail("token ids must be integers, got ", id.dump());
+      if (id.as_int64() < 0 || id.as_int64() >= tokenizer.vocab_size())
+        fail("unknown token id ", id.as_int64(), " (the vocabulary has ids 0..", tokenizer.vocab_size() - 1, ")");
+      ids.push_back(int32_t(id.as_int64()));
+    }
+    std::string out;
+    json_append_quoted(out, tokenizer.decode(ids));
+    return out;
+  });
+}
+
+int cmd_chat_template(const Flags& flags) {
+  // The template is Qwen3's, written in chat_template.cpp; the tokenizer is loaded only to check that
+  // DIR holds a tokenizer at all, and to fail early, before reading stdin, if it does not.
+  load_tokenizer(flags);
+  return for_each_json_line([&](const Json& value) {
+    ChatRequest request = parse_chat_request(value);
+    std::string out;
+    json_append_quoted(out, apply_chat_template(request.messages, request.add_generation_prompt,
+                                                request.enable_thinking));
+    return out;
+  });
+}
+
+// Encode throughput over the concatenation of the files, repeated until at least 20 MB have been
+// encoded, on one thread. The first pass fills the word cache; the figure is over all passes, and the
+// first pass is also printed on its own.
+int cmd_bench_tokenizer(const Flags& flags) {
+  const auto& files = flags.get_all("file");
+  if (files.empty()) throw UsageError("give at least one --file FILE to encode");
+  Tokenizer tokenizer = load_tokenizer(flags);
+  std::string text;
+  for (const std::string& path : files) text += read_file(path);
+  if (text.empty()) fail("the files are empty");
+
+  using Clock = std::chrono::steady_clock;
+  const double megabytes = double(text.size()) / 1e6;
+  const int passes = std::max(1, int(20.0 / megabytes + 0.999));
+  size_t tokens = 0;
+  double first_pass_s = 0;
+  Clock::time_point start = Clock::now();
+  for (int pass = 0; pass < passes; pass++) {
+    tokens += tokenizer.encode(text).size();
+    if (pass == 0) first_pass_s = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("encoded %.2f MB (%zu files) x %d passes = %.1f MB, %zu tokens, in %.3f s\n", megabytes,
+              files.size(), passes, megabytes * passes, tokens, seconds);
+  std::printf("throughput: %.2f MB/s, %.2f M tokens/s (first pass, cold word cache: %.2f MB/s)\n",
+              megabytes * passes / seconds, double(tokens) / seconds / 1e6, megabytes / first_pass_s);
+  return 0;
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,128 @@
+// Tests for Qwen3's chat template. The expected prompts follow the Jinja template in
+// tokenizer_config.json statement by statement (and were checked by rendering it with Jinja2); the
+// golden file tests/data/golden/chat_public.json covers the simple cases through transformers itself.
+#include "01_sequence/tokenizer/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+#include "01_sequence/base/common.h"
+#include "01_sequence/base/json.h"
+
+using namespace nanovllm;
+
+namespace {
+
+std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = false,
+                   bool enable_thinking = true) {
+  return apply_chat_template(messages, add_generation_prompt, enable_thinking);
+}
+
+using test::error_of;
+
+}  // namespace
+
+TEST(Ch01_ChatTemplate, GenerationPromptAndThinkingSwitch) {
+  std::vector<ChatMessage> chat = {{"user", "hi"}};
+  EXPECT_EQ(render(chat), "<|im_start|>user\nhi<|im_end|>\n");
+  EXPECT_EQ(render(chat, true), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(render(chat, true, false),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(render(chat, false, false), "<|im_start|>user\nhi<|im_end|>\n");  // only with the prompt
+}
+
+TEST(Ch01_ChatTemplate, SystemMessages) {
+  // The first system message goes first; a later one is rendered where it stands.
+  EXPECT_EQ(render({{"system", "S"}, {"user", "Q"}, {"system", "S2"}}),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>system\nS2<|im_end|>\n");
+}
+
+TEST(Ch01_ChatTemplate, HistoryDropsReasoningBeforeTheLastQuery) {
+  // The assistant turn before the last user message loses its <think> block.
+  EXPECT_EQ(render({{"user", "Q1"}, {"assistant", "<think>\nR1\n</think>\n\nA1"}, {"user", "Q2"}}, true),
+            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(Ch01_ChatTemplate, TurnsAfterTheLastQueryKeepReasoning) {
+  // The last message is an assistant turn after the last query: its reasoning is kept (re-wrapped with
+  // exactly one newline inside each tag), and even an empty one gets the <think> block.
+  EXPECT_EQ(render({{"user", "Q"}, {"assistant", "<think>\n\nR\n\n</think>\n\nA\n"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\nA\n<|im_end|>\n");
+  EXPECT_EQ(render({{"user", "Q"}, {"assistant", "A"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+  // reasoning_content given apart takes precedence over the inline form.
+  ChatMessage answer{"assistant", "A", std::string("\nR\n")};
+  EXPECT_EQ(render({{"user", "Q"}, answer}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\nA<|im_end|>\n");
+}
+
+TEST(Ch01_ChatTemplate, ToolResponsesAreNotQueries) {
+  // A user message that is a wrapped tool response does not move the last query: both assistant turns
+  // after the real query belong to the current answer. A middle turn keeps its reasoning only if it
+  // has some.
+  std::vector<ChatMessage> chat = {{"user", "Q"},
+                                   {"assistant", "<think>r1</think>a1"},
+                                   {"user", "<tool_response>x</tool_response>"},
+                                   {"assistant", "a2"},
+                                   {"user", "<tool_response>y</tool_response>"},
+                                   {"assistant", "<think>r3</think>a3"}};
+  EXPECT_EQ(render(chat),
+            "<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr1\n</think>\n\na1<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\na2<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>y</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr3\n</think>\n\na3<|im_end|>\n");
+}
+
+TEST(Ch01_ChatTemplate, InlineReasoningSplitsAtTheOuterTags) {
+  // Answer: after the last </think>. Reasoning: before the first </think>, after the last <think>.
+  EXPECT_EQ(render({{"user", "Q"}, {"assistant", "<think>a<think>b</think>c</think>\n\nd"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nb\n</think>\n\nd<|im_end|>\n");
+  // Without any query, nothing is "after the last query": the turn is shown as its answer alone.
+  EXPECT_EQ(render({{"system", "S"}, {"assistant", "<think>r</think>a"}}),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n");
+}
+
+TEST(Ch01_ChatTemplate, ParsesRequests) {
+  ChatRequest r = parse_chat_request(Json::parse(R"({"messages":[{"role":"user","content":"hi"}]})", "t"));
+  ASSERT_EQ(r.messages.size(), 1u);
+  EXPECT_EQ(r.messages[0].role, "user");
+  EXPECT_EQ(r.messages[0].content, "hi");
+  EXPECT_FALSE(r.add_generation_prompt);  // transformers' defaults
+  EXPECT_TRUE(r.enable_thinking);
+  r = parse_chat_request(Json::parse(
+      R"({"messages":[{"role":"assistant","content":"a","reasoning_content":"r"}],"add_generation_prompt":true,
+          "enable_thinking":false,"tools":[]})", "t"));
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_FALSE(r.enable_thinking);
+  EXPECT_EQ(r.messages[0].reasoning_content, "r");
+}
+
+TEST(Ch01_ChatTemplate, Errors) {
+  auto parse_error = [](const char* json) {
+    return error_of([&] { parse_chat_request(Json::parse(json, "t")); });
+  };
+  EXPECT_NE(parse_error("[]").find("expected a request object"), std::string::npos);
+  EXPECT_NE(parse_error("{}").find("messages: missing field 'messages'"), std::string::npos);
+  EXPECT_NE(parse_error(R"({"messages":[{"role":"user"}]})").find("messages[0]: missing field 'content'"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})")
+                .find("messages[0].content: expected a string, got an array"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"messages":[],"add_generation_prompt":"yes"})")
+                .find("add_generation_prompt: expected a boolean"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"messages":[],"tools":[{"name":"f"}]})").find("tools: tools are not supported"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"messages":[{"role":"assistant","content":"","tool_calls":[{}]}]})")
+                .find("messages[0].tool_calls"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { render({}); }).find("messages: empty"), std::string::npos);
+  EXPECT_NE(error_of([] { render({{"user", "Q"}, {"tool", "42"}}); }).find("messages[1].role: 'tool'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { render({{"developer", "x"}}); }).find("messages[0].role: expected 'system', 'user'"),
+            std::string::npos);
+}

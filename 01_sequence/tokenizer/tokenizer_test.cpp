@@ -1,0 +1,487 @@
+// Unit tests for the tokenizer, stage by stage: NFC, the pre-tokenizer's alternatives, the byte map,
+// BPE merges, added tokens, decoding (lossy and streaming), a round-trip property, and errors.
+//
+// Where the truth comes from: Unicode's own data and examples (UAX #15, the Unicode Standard's
+// Table 3-8 for U+FFFD substitution), the Qwen3 tokenizer's vocabulary, the regex semantics spelt out
+// in tokenizer.cpp (the expected pieces were also checked against Hugging Face tokenizers), and
+// invariants (round trips, streaming == one-shot decoding).
+#include "01_sequence/tokenizer/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "01_sequence/base/common.h"
+#include "01_sequence/base/json.h"
+#include "01_sequence/tokenizer/unicode.h"
+#include "01_sequence/base/utf8.h"
+
+using namespace nanovllm;
+
+namespace {
+
+const Tokenizer& qwen3() {
+  static const Tokenizer tokenizer = Tokenizer::load(data_dir() + "/qwen3-tokenizer");
+  return tokenizer;
+}
+
+std::string cp(uint32_t code_point) {
+  std::string s;
+  utf8_append(s, code_point);
+  return s;
+}
+
+std::vector<std::string> pieces(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::string_view p : pretokenize(text)) out.emplace_back(p);
+  return out;
+}
+
+using test::error_of;
+
+// The id of the one-byte token for byte b in the Qwen3 vocabulary.
+int32_t byte_token(uint8_t b) { return *qwen3().token_to_id(cp(byte_to_unicode(b))); }
+
+// A tiny tokenizer.json with Qwen's pipeline: the 256 byte tokens (id = byte), then `extra` tokens
+// (ids 256, 257, ...), the given merges (each a JSON value: ["a","b"] or "a b") and added tokens.
+std::string tiny_tokenizer_json(const std::vector<std::string>& extra, const std::vector<Json>& merges,
+                                const std::vector<std::pair<std::string, int>>& added = {}) {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; b++) vocab.set(cp(byte_to_unicode(uint8_t(b))), b);
+  for (size_t i = 0; i < extra.size(); i++) vocab.set(extra[i], int(256 + i));
+  Json merge_list = Json::array();
+  for (const Json& m : merges) merge_list.push_back(m);
+  Json model = Json::object();
+  model.set("type", "BPE");
+  model.set("vocab", vocab);
+  model.set("merges", merge_list);
+  Json added_list = Json::array();
+  for (const auto& [content, id] : added) {
+    Json token = Json::object();
+    token.set("id", id);
+    token.set("content", content);
+    token.set("special", true);
+    added_list.push_back(token);
+  }
+  Json split = Json::object();
+  Json pattern = Json::object();
+  pattern.set("Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)");
+  split.set("type", "Split");
+  split.set("pattern", pattern);
+  split.set("behavior", "Isolated");
+  split.set("invert", false);
+  Json byte_level = Json::object();
+  byte_level.set("type", "ByteLevel");
+  byte_level.set("add_prefix_space", false);
+  byte_level.set("use_regex", false);
+  Json steps = Json::array();
+  steps.push_back(split);
+  steps.push_back(byte_level);
+  Json pre = Json::object();
+  pre.set("type", "Sequence");
+  pre.set("pretokenizers", steps);
+  Json normalizer = Json::object();
+  normalizer.set("type", "NFC");
+  Json root = Json::object();
+  root.set("added_tokens", added_list);
+  root.set("normalizer", normalizer);
+  root.set("pre_tokenizer", pre);
+  root.set("decoder", byte_level);
+  root.set("model", model);
+  return root.dump();
+}
+
+Json pair(const char* a, const char* b) {
+  Json p = Json::array();
+  p.push_back(a);
+  p.push_back(b);
+  return p;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// NFC
+
+TEST(Ch01_TokenizerNfc, ComposesKnownPairs) {
+  EXPECT_EQ(nfc_normalize("e" + cp(0x301)), cp(0xE9));       // e + acute -> é
+  EXPECT_EQ(nfc_normalize("A" + cp(0x30A)), cp(0xC5));       // A + ring -> Å
+  EXPECT_EQ(nfc_normalize(cp(0x212B)), cp(0xC5));            // ANGSTROM SIGN: singleton -> Å
+  EXPECT_EQ(nfc_normalize(cp(0x2126)), cp(0x3A9));           // OHM SIGN -> Greek capital omega
+  EXPECT_EQ(nfc_normalize("caf" + cp(0xE9)), "caf" + cp(0xE9));  // already composed: unchanged
+}
+
+TEST(Ch01_TokenizerNfc, ReordersCombiningMarksByClass) {
+  // dot below (class 220) sorts before circumflex (230); then a + dot below -> ạ (U+1EA1), and
+  // ạ + circumflex -> ậ (U+1EAD), whichever order the marks came in.
+  EXPECT_EQ(nfc_normalize("a" + cp(0x302) + cp(0x323)), cp(0x1EAD));
+  EXPECT_EQ(nfc_normalize("a" + cp(0x323) + cp(0x302)), cp(0x1EAD));
+  // No composite for x: the marks are only put in order.
+  EXPECT_EQ(nfc_normalize("x" + cp(0x301) + cp(0x323)), "x" + cp(0x323) + cp(0x301));
+  // Blocking: a second mark of the same class cannot reach the starter...
+  EXPECT_EQ(nfc_normalize("e" + cp(0x300) + cp(0x301)), cp(0xE8) + cp(0x301));
+  EXPECT_EQ(nfc_normalize("e" + cp(0x305) + cp(0x301)), "e" + cp(0x305) + cp(0x301));  // overline blocks é
+  // ...but one of a higher class can, past a mark of a lower class: e + (220) + acute -> é + (220).
+  EXPECT_EQ(nfc_normalize("e" + cp(0x316) + cp(0x301)), cp(0xE9) + cp(0x316));
+}
+
+TEST(Ch01_TokenizerNfc, HangulIsComposedAlgorithmically) {
+  EXPECT_EQ(nfc_normalize(cp(0x1100) + cp(0x1161)), cp(0xAC00));                 // ᄀ + ᅡ -> 가
+  EXPECT_EQ(nfc_normalize(cp(0x1100) + cp(0x1161) + cp(0x11A8)), cp(0xAC01));    // ᄀ + ᅡ + ᆨ -> 각
+  EXPECT_EQ(nfc_normalize(cp(0xAC00) + cp(0x11A8)), cp(0xAC01));                 // 가 + ᆨ -> 각
+  EXPECT_EQ(nfc_normalize(cp(0x1112) + cp(0x1161) + cp(0x11AB)), cp(0xD55C));    // -> 한
+  EXPECT_EQ(nfc_normalize(cp(0xD55C)), cp(0xD55C));
+}
+
+TEST(Ch01_TokenizerNfc, ExclusionsStayDecomposed) {
+  // U+0958 DEVANAGARI QA is in CompositionExclusions.txt: it decomposes and is never recomposed.
+  EXPECT_EQ(nfc_normalize(cp(0x958)), cp(0x915) + cp(0x93C));
+  EXPECT_EQ(nfc_normalize(cp(0x915) + cp(0x93C)), cp(0x915) + cp(0x93C));
+  // U+0344 decomposes to two non-starters (a "non-starter decomposition"), also excluded.
+  EXPECT_EQ(nfc_normalize(cp(0x344)), cp(0x308) + cp(0x301));
+}
+
+TEST(Ch01_TokenizerNfc, UsesUnicode9NormalizationDataLikeHuggingFace) {
+  // U+1DF6 (added in Unicode 10, class 232 since) has class 0 in tokenizers' Unicode 9.0 tables, so
+  // it is a starter there and the grave accent after it is not moved in front of it.
+  EXPECT_EQ(nfc_normalize("x" + cp(0x1DF6) + cp(0x300)), "x" + cp(0x1DF6) + cp(0x300));
+  EXPECT_EQ(combining_class(0x1DF6), 0);
+  EXPECT_EQ(combining_class(0x301), 230);
+  EXPECT_EQ(combining_class(0x323), 220);
+}
+
+TEST(Ch01_TokenizerNfc, QuickCheck) {
+  EXPECT_TRUE(is_nfc_quick("plain ASCII"));
+  EXPECT_TRUE(is_nfc_quick("caf" + cp(0xE9) + " " + cp(0x4E16) + cp(0x754C)));
+  EXPECT_FALSE(is_nfc_quick("e" + cp(0x301)));
+  EXPECT_FALSE(is_nfc_quick(cp(0x212B)));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Pre-tokenizer: one test per alternative of the regex.
+
+TEST(Ch01_TokenizerPieces, Contractions) {
+  EXPECT_EQ(pieces("I'm"), (std::vector<std::string>{"I", "'m"}));
+  EXPECT_EQ(pieces("don't"), (std::vector<std::string>{"don", "'t"}));
+  EXPECT_EQ(pieces("we'RE here"), (std::vector<std::string>{"we", "'RE", " here"}));  // (?i:...)
+  EXPECT_EQ(pieces("x'Ll"), (std::vector<std::string>{"x", "'Ll"}));
+  EXPECT_EQ(pieces("they've"), (std::vector<std::string>{"they", "'ve"}));
+  // U+017F LATIN SMALL LETTER LONG S case-folds to 's': "'ſ" is a contraction, so "x" is cut off
+  // (as a plain letter, ſ would have joined "x" in one run: "'ſx").
+  EXPECT_EQ(pieces("'" + cp(0x17F) + "x"), (std::vector<std::string>{"'" + cp(0x17F), "x"}));
+  // Not contractions: the apostrophe leads a letter run, or stands alone.
+  EXPECT_EQ(pieces("'v"), (std::vector<std::string>{"'v"}));
+  EXPECT_EQ(pieces("'"), (std::vector<std::string>{"'"}));
+}
+
+TEST(Ch01_TokenizerPieces, LettersWithOptionalLeadingCharacter) {
+  EXPECT_EQ(pieces("Hello world"), (std::vector<std::string>{"Hello", " world"}));
+  EXPECT_EQ(pieces("\tx"), (std::vector<std::string>{"\tx"}));
+  EXPECT_EQ(pieces("$abc"), (std::vector<std::string>{"$abc"}));
+  EXPECT_EQ(pieces("$$abc"), (std::vector<std::string>{"$$", "abc"}));       // one leading char at most
+  EXPECT_EQ(pieces("\nabc"), (std::vector<std::string>{"\n", "abc"}));      // a newline never leads
+  EXPECT_EQ(pieces("ab12c"), (std::vector<std::string>{"ab", "1", "2", "c"}));
+  EXPECT_EQ(pieces(cp(0x4F60) + cp(0x597D) + "!"), (std::vector<std::string>{cp(0x4F60) + cp(0x597D), "!"}));
+  EXPECT_EQ(pieces("x" + cp(0x301)), (std::vector<std::string>{"x", cp(0x301)}));  // a mark is not \p{L}
+}
+
+TEST(Ch01_TokenizerPieces, NumbersOneAtATime) {
+  EXPECT_EQ(pieces("2024"), (std::vector<std::string>{"2", "0", "2", "4"}));
+  EXPECT_EQ(pieces(cp(0xBD) + cp(0x216B)), (std::vector<std::string>{cp(0xBD), cp(0x216B)}));  // ½ Ⅻ are \p{N}
+}
+
+TEST(Ch01_TokenizerPieces, PunctuationRunsTakeTrailingNewlines) {
+  EXPECT_EQ(pieces("?!\n\n x"), (std::vector<std::string>{"?!\n\n", " x"}));
+  EXPECT_EQ(pieces(" ?!"), (std::vector<std::string>{" ?!"}));
+  EXPECT_EQ(pieces("...\r\n"), (std::vector<std::string>{"...\r\n"}));
+  EXPECT_EQ(pieces("a\x1c\x1c" "b"), (std::vector<std::string>{"a", "\x1c\x1c", "b"}));  // U+001C is not \s
+}
+
+TEST(Ch01_TokenizerPieces, NewlineRuns) {
+  // \s*[\r\n]+ ends at the last newline of a white-space run.
+  EXPECT_EQ(pieces("a  \n  b"), (std::vector<std::string>{"a", "  \n", " ", " b"}));
+  EXPECT_EQ(pieces("a \n \n  b"), (std::vector<std::string>{"a", " \n \n", " ", " b"}));
+  EXPECT_EQ(pieces(" \r\n\t x"), (std::vector<std::string>{" \r\n", "\t", " x"}));
+  EXPECT_EQ(pieces("a\r\rb"), (std::vector<std::string>{"a", "\r\r", "b"}));
+}
+
+TEST(Ch01_TokenizerPieces, TrailingWhitespaceLookahead) {
+  // \s+(?!\S): a run before a word gives its last space to the word; at the end it stays whole.
+  EXPECT_EQ(pieces("a   b"), (std::vector<std::string>{"a", "  ", " b"}));
+  EXPECT_EQ(pieces("a "), (std::vector<std::string>{"a", " "}));
+  EXPECT_EQ(pieces("  "), (std::vector<std::string>{"  "}));
+  // A single space before a digit: neither letters nor the lookahead take it; \s+ does.
+  EXPECT_EQ(pieces("x \t1"), (std::vector<std::string>{"x", " ", "\t", "1"}));
+  // \s is Unicode White_Space: U+3000, U+00A0, U+2028 and U+000B are, U+200B is not.
+  EXPECT_EQ(pieces(cp(0x3000) + cp(0x3000)), (std::vector<std::string>{cp(0x3000) + cp(0x3000)}));
+  EXPECT_EQ(pieces("a" + cp(0xA0) + cp(0xA0) + "b"), (std::vector<std::string>{"a", cp(0xA0), cp(0xA0) + "b"}));
+  EXPECT_EQ(pieces("a" + cp(0x2028) + cp(0x2028) + "b"), (std::vector<std::string>{"a", cp(0x2028), cp(0x2028) + "b"}));
+  EXPECT_EQ(pieces("a\v\vb"), (std::vector<std::string>{"a", "\v", "\vb"}));
+  EXPECT_EQ(pieces("a" + cp(0x200B) + "b"), (std::vector<std::string>{"a", cp(0x200B) + "b"}));
+}
+
+TEST(Ch01_TokenizerPieces, PiecesTileTheText) {
+  std::mt19937 rng(1);
+  const std::vector<std::string> alphabet = {" ", "\t", "\n", "\r", "a", "Z", "7", "!", "'", "s", "re",
+                                             cp(0xA0), cp(0x3000), cp(0x4E2D), cp(0x301), cp(0x1F600)};
+  for (int trial = 0; trial < 2000; trial++) {
+    std::string text;
+    int n = int(rng() % 16);
+    for (int i = 0; i < n; i++) text += alphabet[rng() % alphabet.size()];
+    std::string joined;
+    for (std::string_view p : pretokenize(text)) {
+      ASSERT_FALSE(p.empty());
+      joined += p;
+    }
+    ASSERT_EQ(joined, text);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Byte map and BPE
+
+TEST(Ch01_TokenizerBytes, AllBytesRoundTrip) {
+  std::vector<bool> seen(0x144, false);
+  for (int b = 0; b < 256; b++) {
+    uint32_t u = byte_to_unicode(uint8_t(b));
+    ASSERT_LT(u, 0x144u);
+    EXPECT_FALSE(seen[u]) << "two bytes map to U+" << std::hex << u;
+    seen[u] = true;
+    EXPECT_EQ(unicode_to_byte(u), b);
+  }
+  EXPECT_EQ(byte_to_unicode(' '), 0x120u);   // 'Ġ'
+  EXPECT_EQ(byte_to_unicode('\n'), 0x10Au);  // 'Ċ'
+  EXPECT_EQ(byte_to_unicode('A'), uint32_t('A'));
+  EXPECT_EQ(byte_to_unicode(0xAD), 0x143u);  // the last one moved
+  EXPECT_EQ(unicode_to_byte(0x144), -1);
+  EXPECT_EQ(unicode_to_byte(0x20), -1);      // a plain space stands for no byte
+  // In the real vocabulary each byte's token decodes back to that byte.
+  for (int b = 0; b < 256; b++) EXPECT_EQ(qwen3().token_bytes(byte_token(uint8_t(b))), std::string(1, char(b)));
+}
+
+TEST(Ch01_TokenizerBpe, LowestRankMergesFirst) {
+  // "abc": pairs (a,b) and (b,c). Whichever merge ranks first wins, and decides what is left.
+  Tokenizer bc_first = Tokenizer::from_json(tiny_tokenizer_json({"bc", "ab"}, {pair("b", "c"), pair("a", "b")}), "t.json");
+  EXPECT_EQ(bc_first.encode("abc"), (std::vector<int32_t>{'a', 256}));
+  Tokenizer ab_first = Tokenizer::from_json(tiny_tokenizer_json({"bc", "ab"}, {pair("a", "b"), pair("b", "c")}), "t.json");
+  EXPECT_EQ(ab_first.encode("abc"), (std::vector<int32_t>{257, 'c'}));
+}
+
+TEST(Ch01_TokenizerBpe, MergesChainAndTiesGoLeftmost) {
+  Tokenizer tok = Tokenizer::from_json(
+      tiny_tokenizer_json({"aa", "aaaa", "Ġa"}, {pair("a", "a"), pair("aa", "aa"), Json("Ġ a")}), "t.json");
+  EXPECT_EQ(tok.encode("aaa"), (std::vector<int32_t>{256, 'a'}));     // (a,a) at 0 before (a,a) at 1
+  EXPECT_EQ(tok.encode("aaaa"), (std::vector<int32_t>{257}));         // aa + aa -> aaaa
+  EXPECT_EQ(tok.encode("aaaaa"), (std::vector<int32_t>{257, 'a'}));
+  EXPECT_EQ(tok.encode(" a"), (std::vector<int32_t>{258}));           // the "a b" string form of a merge
+  EXPECT_EQ(tok.decode({257, 258}), "aaaa a");
+}
+
+TEST(Ch01_TokenizerBpe, Qwen3Words) {
+  EXPECT_EQ(qwen3().encode("Hello"), (std::vector<int32_t>{9707}));
+  EXPECT_EQ(qwen3().encode(" world"), (std::vector<int32_t>{1879}));
+  EXPECT_EQ(qwen3().id_to_token(1879), "\xC4\xA0world");  // "Ġworld"
+  EXPECT_EQ(qwen3().token_to_id("\xC4\xA0world"), 1879);
+  EXPECT_EQ(qwen3().token_to_id("no such token"), std::nullopt);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Added tokens
+
+TEST(Ch01_TokenizerAddedTokens, SplitBeforeEverythingElse) {
+  EXPECT_EQ(qwen3().encode("<|im_start|>user"), (std::vector<int32_t>{151644, 872}));
+  EXPECT_EQ(qwen3().encode("a<think>b"), (std::vector<int32_t>{64, 151667, 65}));
+  // The spaces around stay in their own segments: " " at a segment's end is a piece of its own.
+  EXPECT_EQ(qwen3().encode(" <|im_end|> "), (std::vector<int32_t>{220, 151645, 220}));
+  EXPECT_EQ(qwen3().encode("<<|im_end|>"), (std::vector<int32_t>{27, 151645}));
+  // An incomplete marker is ordinary text.
+  std::vector<int32_t> partial = qwen3().encode("<|im_start");
+  EXPECT_EQ(std::count(partial.begin(), partial.end(), 151644), 0);
+  EXPECT_EQ(qwen3().decode(partial), "<|im_start");
+  EXPECT_TRUE(qwen3().is_special(151644));
+  EXPECT_FALSE(qwen3().is_special(151667));  // <think> is added but not special
+}
+
+TEST(Ch01_TokenizerAddedTokens, LongestMatchWins) {
+  Tokenizer tok = Tokenizer::from_json(tiny_tokenizer_json({}, {}, {{"<a>", 300}, {"<a>b", 301}}), "t.json");
+  EXPECT_EQ(tok.encode("<a>bc"), (std::vector<int32_t>{301, 'c'}));
+  EXPECT_EQ(tok.encode("<a>c"), (std::vector<int32_t>{300, 'c'}));
+  EXPECT_EQ(tok.vocab_size(), 302);
+  EXPECT_EQ(tok.decode({301, 300}), "<a>b<a>");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Decoding
+
+TEST(Ch01_TokenizerDecode, LossyLikeRust) {
+  // The Unicode Standard's Table 3-8 example: one U+FFFD per maximal ill-formed subpart.
+  const std::string fffd = cp(0xFFFD);
+  EXPECT_EQ(utf8_lossy("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"),
+            "a" + fffd + fffd + fffd + "b" + fffd + "c" + fffd + fffd + "d");
+  EXPECT_EQ(utf8_lossy("\xED\xA0\x80"), fffd + fffd + fffd);  // an encoded surrogate: three bad bytes
+  EXPECT_EQ(utf8_lossy("\xC0\x80"), fffd + fffd);             // overlong
+  EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // above U+10FFFF
+  EXPECT_EQ(utf8_lossy("\xE4\xBD"), fffd);                    // truncated at the end: one
+  EXPECT_EQ(utf8_lossy("ok " + cp(0x4F60)), "ok " + cp(0x4F60));
+  // Through the tokenizer: the byte tokens of a truncated character, then a space.
+  EXPECT_EQ(qwen3().decode({byte_token(0xE4), byte_token(0xBD), byte_token(' ')}), fffd + " ");
+  EXPECT_EQ(qwen3().decode({byte_token(0xFF)}), fffd);
+}
+
+TEST(Ch01_TokenizerDecode, StreamingHoldsBackSplitCharacters) {
+  StreamDecoder stream(qwen3());
+  EXPECT_EQ(stream.push(byte_token(0xC3)), "");        // first byte of é
+  EXPECT_EQ(stream.push(byte_token(0xA9)), cp(0xE9));  // ... and its last
+  // 😀 = F0 9F 98 80, one byte token at a time: nothing until the fourth.
+  EXPECT_EQ(stream.push(byte_token(0xF0)), "");
+  EXPECT_EQ(stream.push(byte_token(0x9F)), "");
+  EXPECT_EQ(stream.push(byte_token(0x98)), "");
+  EXPECT_EQ(stream.push(byte_token(0x80)), cp(0x1F600));
+  EXPECT_EQ(stream.push(9707), "Hello");
+  // A byte that can never be valid comes out at once; so does a lead byte cut short by ASCII.
+  EXPECT_EQ(stream.push(byte_token(0xFF)), cp(0xFFFD));
+  EXPECT_EQ(stream.push(byte_token(0xE4)), "");
+  EXPECT_EQ(stream.push(byte_token('a')), cp(0xFFFD) + "a");
+  // An unfinished character at the end becomes one U+FFFD.
+  EXPECT_EQ(stream.push(byte_token(0xE4)), "");
+  EXPECT_EQ(stream.push(byte_token(0xBD)), "");
+  EXPECT_EQ(stream.finish(), cp(0xFFFD));
+  EXPECT_EQ(stream.finish(), "");
+}
+
+TEST(Ch01_TokenizerDecode, StreamingEqualsOneShotDecode) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; trial++) {
+    std::vector<int32_t> ids;
+    int n = int(rng() % 20);
+    for (int i = 0; i < n; i++) {
+      // Mostly single bytes (to split characters), some whole tokens, some added tokens.
+      uint32_t r = rng() % 10;
+      ids.push_back(r < 6 ? byte_token(uint8_t(rng() % 256)) : r < 9 ? int32_t(rng() % 151643) : 151643 + int32_t(rng() % 26));
+    }
+    StreamDecoder stream(qwen3());
+    std::string streamed;
+    for (int32_t id : ids) {
+      std::string part = stream.push(id);
+      ASSERT_TRUE(utf8_is_valid(part));
+      streamed += part;
+    }
+    streamed += stream.finish();
+    ASSERT_EQ(streamed, qwen3().decode(ids));
+  }
+}
+
+TEST(Ch01_TokenizerRoundTrip, DecodeOfEncodeIsNfcOfText) {
+  // Random valid UTF-8 over a mix of scripts, marks, spaces and emoji (no added-token markers).
+  std::mt19937 rng(42);
+  const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
+      {0x20, 0x7E}, {0x09, 0x0D}, {0xA0, 0x17F}, {0x300, 0x36F}, {0x370, 0x3FF}, {0x400, 0x4FF},
+      {0x900, 0x97F}, {0x1100, 0x11FF}, {0x2000, 0x206F}, {0x3000, 0x30FF}, {0x4E00, 0x9FFF},
+      {0xAC00, 0xD7A3}, {0x1F300, 0x1F6FF}, {0x10000, 0x10FFFF}};
+  for (int trial = 0; trial < 1000; trial++) {
+    std::string text;
+    int n = int(rng() % 30);
+    for (int i = 0; i < n; i++) {
+      auto [lo, hi] = ranges[rng() % ranges.size()];
+      uint32_t c = lo + rng() % (hi - lo + 1);
+      if (c >= 0xD800 && c <= 0xDFFF) c = 'x';
+      utf8_append(text, c);
+    }
+    if (text.find("<|") != std::string::npos || text.find("think>") != std::string::npos ||
+        text.find("tool_") != std::string::npos)
+      continue;
+    ASSERT_EQ(qwen3().decode(qwen3().encode(text)), nfc_normalize(text)) << Json(text).dump();
+  }
+}
+
+TEST(Ch01_TokenizerRoundTrip, ConcurrentEncodesAgreeWithSerialOnes) {
+  // encode() is const and shares the word cache: two threads at once must get the serial answers.
+  Tokenizer tok = Tokenizer::load(data_dir() + "/qwen3-tokenizer");  // a fresh, empty cache
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; i++) texts.push_back("word" + std::to_string(i % 37) + " and " + cp(0x4E00 + uint32_t(i)) + "!");
+  std::vector<std::vector<int32_t>> serial;
+  for (const std::string& t : texts) serial.push_back(qwen3().encode(t));
+  std::vector<std::vector<int32_t>> results[2];
+  std::thread workers[2];
+  for (int w = 0; w < 2; w++)
+    workers[w] = std::thread([&, w] {
+      for (const std::string& t : texts) results[w].push_back(tok.encode(t));
+    });
+  for (std::thread& w : workers) w.join();
+  EXPECT_EQ(results[0], serial);
+  EXPECT_EQ(results[1], serial);
+}
+
+TEST(Ch01_TokenizerLoad, EosTokenFromConfig) {
+  std::string json = tiny_tokenizer_json({}, {}, {{"<end>", 300}});
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json", R"({"eos_token": "<end>"})", "c.json").eos_token_id(), 300);
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json", R"({"eos_token": {"content": "<end>"}})", "c.json").eos_token_id(), 300);
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json", R"({"eos_token": null})", "c.json").eos_token_id(), std::nullopt);
+  EXPECT_EQ(Tokenizer::from_json(json, "t.json").eos_token_id(), std::nullopt);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Errors
+
+TEST(Ch01_TokenizerErrors, InvalidUtf8InputNamesTheOffset) {
+  EXPECT_NE(error_of([] { qwen3().encode("ab\xFF" "cd"); }).find("byte offset 2"), std::string::npos);
+  EXPECT_NE(error_of([] { qwen3().encode("ok\xE4\xBD"); }).find("byte offset 2"), std::string::npos);
+  EXPECT_NE(error_of([] { qwen3().encode("\xED\xA0\x80"); }).find("byte offset 0"), std::string::npos);
+  EXPECT_EQ(error_of([] { qwen3().encode(""); }), "");
+}
+
+TEST(Ch01_TokenizerErrors, UnknownIdNamesTheId) {
+  EXPECT_NE(error_of([] { qwen3().decode({1, 151669}); }).find("151669"), std::string::npos);
+  EXPECT_NE(error_of([] { qwen3().decode({-1}); }).find("-1"), std::string::npos);
+  EXPECT_NE(error_of([] { qwen3().id_to_token(1 << 30); }).find("unknown token id"), std::string::npos);
+  StreamDecoder stream(qwen3());
+  EXPECT_NE(error_of([&] { stream.push(999999); }).find("999999"), std::string::npos);
+}
+
+TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
+  std::string good = tiny_tokenizer_json({"ab"}, {pair("a", "b")});
+  ASSERT_EQ(error_of([&] { Tokenizer::from_json(good, "t.json"); }), "");
+  // Each variant edits the good file; the message must name the file and the field at fault.
+  struct Case {
+    std::string from, to, expected;
+  };
+  const std::vector<Case> cases = {
+      {"{", "[", "t.json"},                                            // not a JSON object
+      {"\"model\":", "\"modell\":", "missing field 'model'"},
+      {"\"vocab\":", "\"vocabulary\":", "model: missing field 'vocab'"},
+      {"\"merges\":", "\"merged\":", "model: missing field 'merges'"},
+      {"[\"a\",\"b\"]", "[\"a\",\"zz\"]", "model.merges[0]: unknown token 'zz'"},
+      {"\"ab\":256", "\"ba\":256", "model.merges[0]: the merged token 'ab' is not in the vocabulary"},
+      {"\"type\":\"BPE\"", "\"type\":\"WordPiece\"", "model: unsupported type 'WordPiece'"},
+      {"\"type\":\"NFC\"", "\"type\":\"NFKC\"", "normalizer: unsupported type 'NFKC'"},
+      {"\\s+(?!\\\\S)", "\\s+(?!\\\\s)", "pre_tokenizer: only Qwen2/Qwen3's"},
+      {"\"ab\":256", "\"ab\":-5", "model.vocab['ab']: id -5 is out of range"},
+      {"\"a\":97", "\"a\":\"x\"", "model.vocab['a']: expected an integer"},
+      {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":300,\"content\":\"<x>\",\"lstrip\":true}]",
+       "added_tokens[0]: 'lstrip': true is not supported"},
+      {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":97,\"content\":\"<x>\"}]",
+       "token id 97 is given to both 'a' and '<x>'"},
+  };
+  for (const Case& c : cases) {
+    std::string bad = good;
+    size_t at = bad.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    bad.replace(at, c.from.size(), c.to);
+    std::string message = error_of([&] { Tokenizer::from_json(bad, "t.json"); });
+    EXPECT_NE(message.find("t.json"), std::string::npos) << message;
+    EXPECT_NE(message.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << message;
+  }
+  // A vocabulary without all 256 byte tokens cannot encode every text.
+  std::string no_byte = good;
+  no_byte.replace(no_byte.find("\"a\":97,"), 7, "");
+  EXPECT_NE(error_of([&] { Tokenizer::from_json(no_byte, "t.json"); }).find("no token for byte 0x61"), std::string::npos);
+  EXPECT_NE(error_of([] { Tokenizer::load("/nonexistent/dir"); }).find("cannot open /nonexistent/dir/tokenizer.json"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Tokenizer::from_json(good, "t.json", "{\"eos_token\": \"<nope>\"}", "c.json"); })
+                .find("c.json: eos_token: not a token: '<nope>'"),
+            std::string::npos);
+}
