@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "01_sequence/base/bf16.h"
 #include "04_model_runner/layers.h"
 #include "06_tensor_parallel/linear.h"
 

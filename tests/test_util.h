@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 
 namespace nanovllm::test {
@@ -22,14 +23,6 @@ namespace nanovllm::test {
 // Path of a file under tests/data/ in the source tree.
 inline std::string data_path(const std::string& relative) {
   return std::string(NANOVLLM_SOURCE_DIR) + "/tests/data/" + relative;
-}
-
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path);
-  std::ostringstream content;
-  content << in.rdbuf();
-  return content.str();
 }
 
 inline Json read_json(const std::string& path) { return Json::parse(read_file(path), path); }

@@ -14,14 +14,13 @@
 // program can talk to these commands line by line through a pipe.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "01_sequence/tokenizer/chat_template.h"
 #include "01_sequence/cli/flags.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 #include "01_sequence/tokenizer/tokenizer.h"
 
@@ -53,14 +52,6 @@ int for_each_json_line(Handler handle) {
     std::fflush(stdout);
   }
   return 0;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace

@@ -6,12 +6,11 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <queue>
-#include <sstream>
 
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 #include "01_sequence/tokenizer/unicode.h"
 #include "01_sequence/base/utf8.h"
@@ -263,15 +262,6 @@ constexpr const char* kQwenPattern =
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 constexpr int32_t kMaxTokenId = (1 << 24) - 1;  // far above any real vocabulary; bounds the tables
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail("cannot read ", path);
-  return text.str();
-}
-
 // The bytes a token string stands for: each character mapped back through the byte map. A token with a
 // character outside the map (an added token such as "<|im_start|>" could have one) stands for its own
 // UTF-8, as in Hugging Face's ByteLevel decoder.
@@ -314,7 +304,7 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   std::string path = dir + "/tokenizer.json";
   std::string config_path = dir + "/tokenizer_config.json";
   std::string config;
-  if (std::ifstream(config_path).good()) config = read_file(config_path);
+  if (is_regular_file(config_path)) config = read_file(config_path);
   return from_json(read_file(path), path, config, config_path);
 }
 

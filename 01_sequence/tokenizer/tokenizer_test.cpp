@@ -479,7 +479,7 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
   std::string no_byte = good;
   no_byte.replace(no_byte.find("\"a\":97,"), 7, "");
   EXPECT_NE(error_of([&] { Tokenizer::from_json(no_byte, "t.json"); }).find("no token for byte 0x61"), std::string::npos);
-  EXPECT_NE(error_of([] { Tokenizer::load("/nonexistent/dir"); }).find("cannot open /nonexistent/dir/tokenizer.json"),
+  EXPECT_NE(error_of([] { Tokenizer::load("/nonexistent/dir"); }).find("/nonexistent/dir/tokenizer.json: cannot read"),
             std::string::npos);
   EXPECT_NE(error_of([&] { Tokenizer::from_json(good, "t.json", "{\"eos_token\": \"<nope>\"}", "c.json"); })
                 .find("c.json: eos_token: not a token: '<nope>'"),

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 
 namespace nanovllm {
@@ -108,7 +109,7 @@ std::string pretty_object(const Json& object) {
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  const Json root = Json::parse(read_text_file(path), path);
+  const Json root = Json::parse(read_file(path), path);
   const FieldReader config(root, path);
   ModelConfig c;
 
@@ -190,7 +191,7 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   // Special tokens: generation_config.json, when present, is what generate() uses.
   const std::string gen_path = model_dir + "/generation_config.json";
   Json gen_root = Json::object();
-  if (is_regular_file(gen_path)) gen_root = Json::parse(read_text_file(gen_path), gen_path);
+  if (is_regular_file(gen_path)) gen_root = Json::parse(read_file(gen_path), gen_path);
   const FieldReader generation(gen_root, gen_path);
   for (const FieldReader* source : {&generation, &config}) {
     if (const Json* eos = source->optional("eos_token_id")) {
@@ -237,7 +238,7 @@ void write_config(const ModelConfig& c, const std::string& dir) {
   config.set("use_cache", true);
   config.set("use_sliding_window", false);
   config.set("vocab_size", c.vocab_size);
-  write_text_file(dir + "/config.json", pretty_object(config));
+  write_file(dir + "/config.json", pretty_object(config));
 
   // generation_config.json holds the full eos list (Qwen3: [151645, 151643]), as Qwen's own files do.
   Json generation = Json::object();
@@ -249,7 +250,7 @@ void write_config(const ModelConfig& c, const std::string& dir) {
     for (int id : c.eos_token_ids) ids.push_back(id);
     generation.set("eos_token_id", std::move(ids));
   }
-  write_text_file(dir + "/generation_config.json", pretty_object(generation));
+  write_file(dir + "/generation_config.json", pretty_object(generation));
 }
 
 std::vector<TensorSpec> qwen3_checkpoint_layout(const ModelConfig& c) {

@@ -224,11 +224,11 @@ TEST(Ch04_Config, WriteConfigRoundTrips) {
   EXPECT_EQ(back.eos_token_ids, c.eos_token_ids);
   EXPECT_EQ(back.bos_token_id, c.bos_token_id);
   // transformers 5 layout, as Qwen's own files: config.json holds the first eos, generation_config the list.
-  Json written = Json::parse(read_text_file(dir / "config.json"), "config.json");
+  Json written = Json::parse(read_file(dir / "config.json"), "config.json");
   EXPECT_EQ(written.at("rope_parameters").at("rope_type").as_string(), "default");
   EXPECT_EQ(written.at("eos_token_id").as_int64(), 151645);
   EXPECT_EQ(written.at("architectures").dump(), "[\"Qwen3ForCausalLM\"]");
-  EXPECT_EQ(Json::parse(read_text_file(dir / "generation_config.json"), "g").at("eos_token_id").dump(),
+  EXPECT_EQ(Json::parse(read_file(dir / "generation_config.json"), "g").at("eos_token_id").dump(),
             "[151645,151643]");
 }
 

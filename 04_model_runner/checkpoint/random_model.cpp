@@ -12,7 +12,9 @@
 #include <system_error>
 #include <thread>
 
+#include "01_sequence/base/bf16.h"
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 
 namespace nanovllm {
 
@@ -229,7 +231,7 @@ void write_random_model(const ModelConfig& config, const std::string& out_dir, u
   write_safetensors(out_dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_config(config, out_dir);
   for (const std::string& name : tokenizer_files)
-    if (!tokenizer_dir.empty()) write_text_file(out_dir + "/" + name, read_text_file(tokenizer_dir + "/" + name));
+    if (!tokenizer_dir.empty()) write_file(out_dir + "/" + name, read_file(tokenizer_dir + "/" + name));
 }
 
 void write_random_model(const std::string& preset, const std::string& out_dir, uint64_t seed,

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <set>
 
+#include "01_sequence/base/bf16.h"
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 
 namespace nanovllm {
@@ -247,7 +249,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   if (is_regular_file(index_path)) {
     // Sharded: the index's weight_map {tensor: shard} is the table of contents. Tensors a shard holds
     // beyond those listed for it are ignored, as transformers does.
-    const Json index = Json::parse(read_text_file(index_path), index_path);
+    const Json index = Json::parse(read_file(index_path), index_path);
     const Json* weight_map = index.find("weight_map");
     if (!weight_map) fail(index_path, ": missing field 'weight_map'");
     if (!weight_map->is_object())
@@ -366,39 +368,6 @@ void read_as_float(const TensorView& view, float* out) {
 // ---------------------------------------------------------------------------------------------------
 // Writing
 
-namespace {
-
-// A temporary file beside `path` that becomes `path` on commit() and is removed otherwise, so that an
-// error (or an exception from a fill callback) never leaves a half-written file under the real name.
-class TempFile {
- public:
-  explicit TempFile(const std::string& path)
-      : path_(path), temp_(path + ".tmp." + std::to_string(getpid())) {
-    file_ = std::fopen(temp_.c_str(), "wb");
-    if (!file_) fail(path_, ": cannot write: ", std::strerror(errno));
-  }
-  ~TempFile() {
-    if (file_) std::fclose(file_);
-    if (!committed_) std::remove(temp_.c_str());
-  }
-  void write(const void* data, size_t n) {
-    if (n && std::fwrite(data, 1, n, file_) != n) fail(path_, ": write failed: ", std::strerror(errno));
-  }
-  void commit() {
-    FILE* f = file_;
-    file_ = nullptr;
-    if (std::fclose(f) != 0) fail(path_, ": write failed: ", std::strerror(errno));
-    if (std::rename(temp_.c_str(), path_.c_str()) != 0) fail(path_, ": cannot rename the temporary file: ", std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_, temp_;
-  FILE* file_ = nullptr;
-  bool committed_ = false;
-};
-
-}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::vector<std::pair<std::string, std::string>>& metadata) {
@@ -440,7 +409,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // pad with spaces: the data section starts 8-aligned
 
-  TempFile out(path);
+  AtomicFileWriter out(path);
   uint8_t length[8];
   for (int i = 0; i < 8; i++) length[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
   out.write(length, 8);
@@ -455,39 +424,6 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     }
   }
   out.commit();
-}
-
-// ---------------------------------------------------------------------------------------------------
-// File helpers
-
-std::string read_text_file(const std::string& path) {
-  if (!is_regular_file(path)) fail(path, ": cannot read: not a regular file");
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(path, ": cannot read: ", std::strerror(errno));
-  std::string text;
-  char chunk[1 << 16];
-  size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
-  bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed) fail(path, ": read failed");
-  return text;
-}
-
-void write_text_file(const std::string& path, const std::string& text) {
-  TempFile out(path);
-  out.write(text.data(), text.size());
-  out.commit();
-}
-
-bool is_regular_file(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_directory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 }  // namespace nanovllm

@@ -149,10 +149,4 @@ struct TensorToWrite {
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::vector<std::pair<std::string, std::string>>& metadata = {});
 
-// Small file helpers shared by this chapter's loaders (config.json, the index, the random model).
-std::string read_text_file(const std::string& path);                  // Error "PATH: cannot read: ..."
-void write_text_file(const std::string& path, const std::string& text);  // via a temp file and rename
-bool is_regular_file(const std::string& path);
-bool is_directory(const std::string& path);
-
 }  // namespace nanovllm

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "01_sequence/base/bf16.h"
 #include "01_sequence/base/json.h"
 #include "04_model_runner/checkpoint/config.h"
 #include "tests/test_util.h"

@@ -1,0 +1,68 @@
+// files.cpp: reading, atomic writing, and stat() questions.
+#include "01_sequence/base/files.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "01_sequence/base/common.h"
+
+namespace nanovllm {
+
+std::string read_file(const std::string& path) {
+  if (is_directory(path)) fail(path, ": cannot read: it is a directory");
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail(path, ": cannot read: ", std::strerror(errno));
+  std::string text;
+  char chunk[1 << 16];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
+  const bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) fail(path, ": read failed");
+  return text;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  AtomicFileWriter out(path);
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path)
+    : path_(path), temp_(path + ".tmp." + std::to_string(getpid())) {
+  file_ = std::fopen(temp_.c_str(), "wb");
+  if (!file_) fail(path_, ": cannot write: ", std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (file_) std::fclose(file_);
+  if (!committed_) std::remove(temp_.c_str());
+}
+
+void AtomicFileWriter::write(const void* data, size_t n) {
+  if (n && std::fwrite(data, 1, n, file_) != n) fail(path_, ": write failed: ", std::strerror(errno));
+}
+
+void AtomicFileWriter::commit() {
+  FILE* f = file_;
+  file_ = nullptr;
+  if (std::fclose(f) != 0) fail(path_, ": write failed: ", std::strerror(errno));
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0)
+    fail(path_, ": cannot rename the temporary file: ", std::strerror(errno));
+  committed_ = true;
+}
+
+}  // namespace nanovllm
