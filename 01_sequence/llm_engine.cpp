@@ -1,4 +1,4 @@
-// llm_engine.cpp
+// llm_engine.cpp: LLMEngine's constructor, add_request, step and generate (nano-vllm: engine/llm_engine.py).
 #include "01_sequence/llm_engine.h"
 
 #include <unistd.h>
@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "01_sequence/base/files.h"
+#include "01_sequence/tokenizer/tokenizer.h"
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
-#include "01_sequence/tokenizer/tokenizer.h"
-#include "04_model_runner/checkpoint/safetensors.h"
 #include "07_sampler/sampler.h"
 
 namespace nanovllm {
@@ -47,11 +47,10 @@ int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams
   return id;
 }
 
-std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>* logits) {
+std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* logits) {
   const int64_t preemptions_before = scheduler_->num_preemptions();
   auto t0 = std::chrono::steady_clock::now();
-  bool is_prefill;
-  std::vector<Sequence*> seqs = scheduler_->schedule(&is_prefill);
+  auto [seqs, is_prefill] = scheduler_->schedule();
   int scheduled_tokens = 0;
   int64_t context_tokens = 0;
   for (const Sequence* s : seqs) scheduled_tokens += s->num_scheduled_tokens, context_tokens += s->num_tokens();
@@ -83,8 +82,7 @@ std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>*
     finished.push_back(std::move(out));
     sequences_.erase(s->seq_id);
   }
-  if (num_tokens) *num_tokens = is_prefill ? scheduled_tokens : -int(seqs.size());
-  return finished;
+  return {std::move(finished), is_prefill ? scheduled_tokens : -int(seqs.size())};
 }
 
 std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_prefill,
@@ -123,8 +121,8 @@ std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::vector<in
   const bool draw = progress && isatty(STDERR_FILENO);
   while (!is_finished()) {
     auto t0 = std::chrono::steady_clock::now();
-    int num_tokens = 0;
-    for (GenerateOutput& out : step(&num_tokens)) done[out.seq_id] = std::move(out);
+    auto [finished, num_tokens] = step();
+    for (GenerateOutput& out : finished) done[out.seq_id] = std::move(out);
     if (draw) {
       // nano-vllm's tqdm postfix: instantaneous rates of this step, scheduling time included.
       double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

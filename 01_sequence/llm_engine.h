@@ -1,18 +1,19 @@
 // llm_engine.h: the entry of the engine (nano-vllm: engine/llm_engine.py, llm.py; article, "first
 // stop"). generate() queues every prompt and calls step() until all are done; each step is
 //
-//   seqs = scheduler.schedule()           which sequences, prefill or decode (02_scheduler)
-//   tokens = model_runner.run(seqs)       one forward pass and a sample each (04_model_runner)
-//   scheduler.postprocess(seqs, tokens)   append tokens, retire finished sequences
+//   auto [seqs, is_prefill] = scheduler.schedule()        which sequences, prefill or decode (02)
+//   tokens = model_runner.run(seqs, is_prefill)           one forward pass and a sample each (04)
+//   scheduler.postprocess(seqs, tokens, is_prefill)       append tokens, retire finished sequences
 //
-// This file sits in chapter 01 because a reader starts here, but it calls every other chapter: the
-// Makefile links it last.
+// It sits in chapter 01 because a reader starts here, but it calls every other chapter: the Makefile
+// builds chapter 01 on top of all the others (deps_01).
 #pragma once
 
 #include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "01_sequence/engine_config.h"
@@ -52,10 +53,11 @@ class LLMEngine {
   int64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params);
   bool is_finished() const;
 
-  // One engine step. Returns the requests that finished in it. *num_tokens is nano-vllm's signed count:
-  // tokens computed if this was a prefill step, minus the number of sequences if a decode step.
+  // One engine step: the requests that finished in it, and nano-vllm's signed token count (tokens
+  // computed if this was a prefill step, minus the number of sequences if a decode step):
+  //   auto [outputs, num_tokens] = engine.step();
   // `logits`, if given, receives the (sequences, vocab) logits the step sampled from.
-  std::vector<GenerateOutput> step(int* num_tokens = nullptr, std::vector<float>* logits = nullptr);
+  std::pair<std::vector<GenerateOutput>, int> step(std::vector<float>* logits = nullptr);
 
   // Runs prompts to completion; outputs in prompt order. params has one entry per prompt, or one for all.
   // progress: redraw a one-line progress bar on stderr (as nano-vllm's tqdm bar).

@@ -44,9 +44,8 @@ class Sequence {
   int num_blocks() const { return ceil_div(num_tokens(), block_size); }
   // Tokens in the last block, 1..block_size.
   int last_block_num_tokens() const { return num_tokens() - (num_blocks() - 1) * block_size; }
-  // Token ids of logical block i (the last one may be partial): pointer and count.
+  // Token ids of logical block i (the last one may be partial: last_block_num_tokens() of them).
   const int32_t* block(int i) const { return token_ids.data() + size_t(i) * block_size; }
-  int block_len(int i) const { return i == num_blocks() - 1 ? last_block_num_tokens() : block_size; }
 
   void append_token(int32_t token_id) {
     token_ids.push_back(token_id);
@@ -63,7 +62,6 @@ class Sequence {
   const int num_prompt_tokens;
   int num_cached_tokens = 0;
   int num_scheduled_tokens = 0;
-  bool is_prefill = true;          // false once in a decode batch; true again after preemption
   std::vector<int> block_table;    // (num_blocks,) physical KV block ids, in logical order
   const SamplingParams params;
   const uint64_t seed;             // this request's random stream (07_sampler)

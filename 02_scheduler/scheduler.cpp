@@ -1,4 +1,4 @@
-// scheduler.cpp
+// scheduler.cpp: prefill first, token budget, chunks, preemption (nano-vllm: engine/scheduler.py).
 #include "02_scheduler/scheduler.h"
 
 #include <algorithm>
@@ -30,7 +30,7 @@ void Scheduler::add(Sequence* seq) {
   waiting_.push_back(seq);
 }
 
-std::vector<Sequence*> Scheduler::schedule(bool* is_prefill) {
+std::pair<std::vector<Sequence*>, bool> Scheduler::schedule() {
   std::vector<Sequence*> scheduled;
 
   // Prefill: the head of the waiting queue, as many as fit.
@@ -61,10 +61,7 @@ std::vector<Sequence*> Scheduler::schedule(bool* is_prefill) {
     }
     scheduled.push_back(seq);
   }
-  if (!scheduled.empty()) {
-    *is_prefill = true;
-    return scheduled;
-  }
+  if (!scheduled.empty()) return {scheduled, true};
 
   // Decode: one token for each running sequence, preempting from the back when blocks run out.
   while (!running_.empty() && int(scheduled.size()) < max_num_seqs_) {
@@ -83,7 +80,6 @@ std::vector<Sequence*> Scheduler::schedule(bool* is_prefill) {
     }
     if (preempted_itself) continue;
     seq->num_scheduled_tokens = 1;
-    seq->is_prefill = false;
     block_manager_.may_append(*seq);
     scheduled.push_back(seq);
   }
@@ -91,13 +87,11 @@ std::vector<Sequence*> Scheduler::schedule(bool* is_prefill) {
   // once everything behind it is preempted: a decode step is never empty (nano-vllm issue #274).
   assert(!scheduled.empty());
   running_.insert(running_.begin(), scheduled.begin(), scheduled.end());  // same order as before
-  *is_prefill = false;
-  return scheduled;
+  return {scheduled, false};
 }
 
 void Scheduler::preempt(Sequence* seq) {
   seq->status = SequenceStatus::WAITING;
-  seq->is_prefill = true;
   seq->num_preemptions++;
   num_preemptions_++;
   block_manager_.deallocate(*seq);

@@ -17,6 +17,7 @@
 
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "01_sequence/engine_config.h"
@@ -35,8 +36,10 @@ class Scheduler {
   bool is_finished() const { return waiting_.empty() && running_.empty(); }
 
   // Picks the next step's sequences and sets their num_scheduled_tokens. Returns them and whether the
-  // step is a prefill. Never returns an empty batch while work remains.
-  std::vector<Sequence*> schedule(bool* is_prefill);
+  // step is a prefill, as nano-vllm's `seqs, is_prefill = scheduler.schedule()`:
+  //   auto [seqs, is_prefill] = scheduler.schedule();
+  // Never returns an empty batch while work remains.
+  std::pair<std::vector<Sequence*>, bool> schedule();
 
   // After the model ran: hashes newly full blocks, advances num_cached_tokens, appends each sampled
   // token (none for a prefill chunk that has not reached the end of its prompt: that sample is

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <numeric>
+#include <tuple>
 #include <random>
 
 using namespace nanovllm;
@@ -87,8 +88,7 @@ RunResult run_all(const EngineConfig& config, const std::vector<std::vector<int3
   }
   RunResult run;
   while (!scheduler.is_finished()) {
-    bool is_prefill;
-    std::vector<Sequence*> batch = scheduler.schedule(&is_prefill);
+    auto [batch, is_prefill] = scheduler.schedule();
     EXPECT_FALSE(batch.empty());
     EXPECT_LE(int(batch.size()), config.max_num_seqs);
     int tokens = 0;
@@ -148,25 +148,23 @@ TEST(Ch02_Scheduler, PrefillFirstFcfsAndMaxNumSeqs) {
   Sequence a(0, tokens(20, 0), params(3), 0, 16), b(1, tokens(20, 100), params(3), 0, 16),
       d(2, tokens(20, 200), params(3), 0, 16);
   s.add(&a), s.add(&b), s.add(&d);
-  bool is_prefill;
-  auto batch = s.schedule(&is_prefill);
+  auto [batch, is_prefill] = s.schedule();
   EXPECT_TRUE(is_prefill);
   ASSERT_EQ(batch.size(), 2u);  // max_num_seqs caps prefill too
   EXPECT_EQ(batch[0], &a);
   EXPECT_EQ(batch[1], &b);
   s.postprocess(batch, {11, 12}, true);
-  batch = s.schedule(&is_prefill);  // d still waits: prefill again, before any decode
+  std::tie(batch, is_prefill) = s.schedule();  // d still waits: prefill again, before any decode
   EXPECT_TRUE(is_prefill);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0], &d);
   s.postprocess(batch, {13}, true);
-  batch = s.schedule(&is_prefill);  // nothing waits: decode, 2 at a time, in arrival order
+  std::tie(batch, is_prefill) = s.schedule();  // nothing waits: decode, 2 at a time, in arrival order
   EXPECT_FALSE(is_prefill);
   ASSERT_EQ(batch.size(), 2u);
   EXPECT_EQ(batch[0], &a);
   EXPECT_EQ(batch[1], &b);
   EXPECT_EQ(a.num_scheduled_tokens, 1);
-  EXPECT_FALSE(a.is_prefill);
 }
 
 TEST(Ch02_Scheduler, OnlyTheFirstSequenceIsChunked) {
@@ -174,8 +172,7 @@ TEST(Ch02_Scheduler, OnlyTheFirstSequenceIsChunked) {
   Scheduler s(c);
   Sequence a(0, tokens(120, 0), params(2), 0, 16), b(1, tokens(30, 500), params(2), 0, 16);
   s.add(&a), s.add(&b);
-  bool is_prefill;
-  auto batch = s.schedule(&is_prefill);
+  auto [batch, is_prefill] = s.schedule();
   ASSERT_EQ(batch.size(), 1u);  // a is cut to the budget, b waits even though 0 budget remains
   EXPECT_EQ(a.num_scheduled_tokens, 50);
   EXPECT_EQ(a.status, SequenceStatus::WAITING);
@@ -183,11 +180,11 @@ TEST(Ch02_Scheduler, OnlyTheFirstSequenceIsChunked) {
   s.postprocess(batch, {99}, true);
   EXPECT_EQ(a.num_cached_tokens, 50);
   EXPECT_EQ(a.num_tokens(), 120);  // the chunk's sample was discarded
-  batch = s.schedule(&is_prefill);
+  std::tie(batch, is_prefill) = s.schedule();
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(a.num_scheduled_tokens, 50);
   s.postprocess(batch, {99}, true);
-  batch = s.schedule(&is_prefill);  // a's last 20 tokens fit, and b (30) fits in the remaining 30
+  std::tie(batch, is_prefill) = s.schedule();  // a's last 20 tokens fit, and b (30) fits in the remaining 30
   ASSERT_EQ(batch.size(), 2u);
   EXPECT_EQ(a.num_scheduled_tokens, 20);
   EXPECT_EQ(b.num_scheduled_tokens, 30);
@@ -201,8 +198,7 @@ TEST(Ch02_Scheduler, SecondSequenceThatDoesNotFitWaits) {
   Scheduler s(c);
   Sequence a(0, tokens(30, 0), params(2), 0, 16), b(1, tokens(30, 500), params(2), 0, 16);
   s.add(&a), s.add(&b);
-  bool is_prefill;
-  auto batch = s.schedule(&is_prefill);
+  auto [batch, is_prefill] = s.schedule();
   ASSERT_EQ(batch.size(), 1u);  // b would need chunking, and only the first may be chunked
   EXPECT_TRUE(b.block_table.empty());  // nothing allocated for it
 }
@@ -216,11 +212,10 @@ TEST(Ch02_Scheduler, PreemptsTheNewestRunningSequenceAndRecomputes) {
   Sequence a(0, tokens(32, 0), params(5), 0, 16), b(1, tokens(20, 300), params(5), 0, 16);
   s.add(&a), s.add(&b);
   FakeModel m(4, 16);
-  bool is_prefill;
-  auto batch = s.schedule(&is_prefill);
+  auto [batch, is_prefill] = s.schedule();
   ASSERT_EQ(batch.size(), 2u);
   s.postprocess(batch, m.run(batch, true), true);
-  batch = s.schedule(&is_prefill);
+  std::tie(batch, is_prefill) = s.schedule();
   EXPECT_FALSE(is_prefill);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0], &a);
@@ -236,7 +231,7 @@ TEST(Ch02_Scheduler, PreemptsTheNewestRunningSequenceAndRecomputes) {
   // cached one) and only 1 is free, so it waits until a finishes, then comes back through prefill with a
   // prefix hit and recomputes only its last 5 tokens.
   while (true) {
-    batch = s.schedule(&is_prefill);
+    std::tie(batch, is_prefill) = s.schedule();
     if (is_prefill) break;
     s.postprocess(batch, m.run(batch, false), false);
   }
@@ -255,11 +250,10 @@ TEST(Ch02_Scheduler, DecodePreemptsItselfWhenAlone) {
   Sequence a(0, tokens(32, 0), params(2), 0, 16), b(1, tokens(16, 300), params(2), 0, 16);
   s.add(&a), s.add(&b);
   FakeModel m(3, 16);
-  bool is_prefill;
-  auto batch = s.schedule(&is_prefill);  // both fit: a 2 blocks, b 1 block
+  auto [batch, is_prefill] = s.schedule();  // both fit: a 2 blocks, b 1 block
   ASSERT_EQ(batch.size(), 2u);
   s.postprocess(batch, m.run(batch, true), true);
-  batch = s.schedule(&is_prefill);  // a (33 tokens) needs a block: preempt b; b (17) then needs one too
+  std::tie(batch, is_prefill) = s.schedule();  // a (33 tokens) needs a block: preempt b; b (17) then needs one too
   EXPECT_FALSE(is_prefill);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0], &a);
@@ -275,11 +269,10 @@ TEST(Ch02_Scheduler, FullPrefixHitStillComputesTheLastBlock) {
   Sequence a(0, prompts[0], ps[0], 0, 16), b(1, prompts[1], ps[1], 0, 16);
   FakeModel m(20, 16);
   s.add(&a);
-  bool is_prefill;
-  auto batch = s.schedule(&is_prefill);
+  auto [batch, is_prefill] = s.schedule();
   s.postprocess(batch, m.run(batch, true), true);
   s.add(&b);
-  batch = s.schedule(&is_prefill);
+  std::tie(batch, is_prefill) = s.schedule();
   ASSERT_TRUE(is_prefill);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(b.num_prefix_hit_blocks, 3);

@@ -1,4 +1,4 @@
-// block_manager.cpp
+// block_manager.cpp: blocks, reference counts and the prefix cache (nano-vllm: engine/block_manager.py).
 #include "03_block_manager/block_manager.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// backend.h: the small set of operations the Qwen3 model is written against. The model is written once;
+// backend.h: the small set of operations the Qwen3 model is written against (nano-vllm has no such
+// layer: PyTorch is its backend). The model is written once;
 // a Backend runs it on the CPU (fp32 everywhere: the readable reference and the test oracle) or on a
 // CUDA GPU (bf16 weights, activations and KV cache; fp32 arithmetic).
 //
@@ -7,8 +8,6 @@
 #pragma once
 
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "04_model_runner/tensor.h"
 #include "05_attention/attention.h"
@@ -61,19 +60,9 @@ class Backend {
   virtual int end_capture() { return -1; }  // an id for replay()
   virtual void replay(int /*graph*/) {}
 
-  // Profiling (GPU): while on, every operation is timed with CUDA events; profile_report() sums the
-  // times per operation label ("linear 256x1024->4096", "attention decode", ...) and clears them.
-  // Meaningless under graph replay, which runs no operation one by one.
-  virtual void set_profiling(bool /*on*/) {}
-  struct OpTime {
-    std::string label;
-    int calls;
-    double milliseconds;
-  };
-  virtual std::vector<OpTime> profile_report() { return {}; }
-  // Device-to-device copy bandwidth in GB/s (bytes read + written per second), the roofline for
-  // memory-bound kernels; 0 on the CPU.
-  virtual double measure_copy_bandwidth() { return 0; }
+  // The CUDA stream every operation is queued on (cudaStream_t), for tools that time them (profiler.h);
+  // nullptr on the CPU, where every operation has finished when it returns.
+  virtual void* stream() const { return nullptr; }
 
   // Bytes of AttentionMetadata::scratch that decode attention needs for these limits.
   virtual size_t attention_scratch_bytes(int /*max_seqs*/, int /*max_context_len*/, const AttentionShape&) const {

@@ -1,10 +1,8 @@
-// backend_cuda.cpp: the Backend on a CUDA GPU. Weights, activations and the KV cache are bf16; every
-// operation is one of our kernels (layers.cu, attention.cu, sampler.cu) except the projections, which
-// are cuBLAS GEMMs. Everything is queued on one stream, so that a decode step can be captured as a CUDA
-// graph and replayed.
+// backend_cuda.cpp: the Backend on a CUDA GPU (what PyTorch does for nano-vllm). Weights, activations
+// and the KV cache are bf16; every operation is one of our kernels (layers.cu, 05_attention, 07_sampler)
+// except the projections, which are cuBLAS GEMMs (06_tensor_parallel). Everything is queued on one
+// stream, so that a decode step can be captured as a CUDA graph and replayed.
 #include <cassert>
-#include <map>
-#include <string>
 #include <vector>
 
 #include "04_model_runner/backend.h"
@@ -48,7 +46,6 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::CUDA; }
   DType act_dtype() const override { return DType::BF16; }
-  cudaStream_t stream() const { return stream_; }
 
   void upload(const Tensor& dst, const void* host) override {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
@@ -80,77 +77,32 @@ class CudaBackend final : public Backend {
     return decode_attention_scratch_bytes(max_seqs, max_context_len, s);
   }
 
-  void set_profiling(bool on) override { profiling_ = on; }
-
-  std::vector<OpTime> profile_report() override {
-    synchronize();
-    std::map<std::string, OpTime> by_label;
-    for (const Record& r : records_) {
-      float ms = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
-      OpTime& t = by_label[r.label];
-      t.label = r.label, t.calls++, t.milliseconds += ms;
-      cudaEventDestroy(r.start), cudaEventDestroy(r.stop);
-    }
-    records_.clear();
-    std::vector<OpTime> out;
-    for (auto& [label, t] : by_label) out.push_back(t);
-    return out;
-  }
-
-  double measure_copy_bandwidth() override {
-    const size_t bytes = size_t(1) << 30;
-    Buffer a(Device::CUDA, bytes), b(Device::CUDA, bytes);
-    CUDA_CHECK(cudaMemsetAsync(a.data(), 1, bytes, stream_));
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream_));  // warm-up
-    const int reps = 10;
-    CUDA_CHECK(cudaEventRecord(start, stream_));
-    for (int i = 0; i < reps; i++)
-      CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes,
-                                 cudaMemcpyDeviceToDevice, stream_));
-    CUDA_CHECK(cudaEventRecord(stop, stream_));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start), cudaEventDestroy(stop);
-    return 2.0 * bytes * reps / (ms * 1e-3) / 1e9;  // each copy reads and writes `bytes`
-  }
+  void* stream() const override { return stream_; }
 
   void embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) override {
-    Timed t(this, "embedding");
     embedding_cuda(b16(out), b16(table), i32(ids), int(ids.numel()), int(table.shape[1]), vocab_start,
                    int(table.shape[0]), stream_);
   }
   void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps) override {
-    Timed t(this, "rmsnorm");
     rmsnorm_cuda(b16(out), b16(x), b16(weight), int(x.rows()), int(x.row_size()), eps, stream_);
   }
   void add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& x, const Tensor& weight,
                    float eps) override {
-    Timed t(this, "add_rmsnorm");
     add_rmsnorm_cuda(b16(out), b16(residual), b16(x), b16(weight), int(x.rows()), int(x.row_size()), eps, stream_);
   }
   void linear(const Tensor& out, const Tensor& x, const Tensor& weight) override {
     assert(x.row_size() == weight.shape[1] && out.row_size() == weight.shape[0]);
     assert(out.dtype == DType::BF16 || out.dtype == DType::F32);
-    Timed t(this, profiling_ ? "linear " + std::to_string(x.rows()) + "x" + std::to_string(weight.shape[1]) + "->" +
-                                   std::to_string(weight.shape[0])
-                             : std::string());
     linear_cuda(cublas_, out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
                 int(weight.shape[0]));
   }
   void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                     const Tensor& cos, const Tensor& sin, const HeadLayout& h, float eps) override {
-    Timed t(this, "qk_norm_rope");
     qk_norm_rope_cuda(b16(qkv), qkv.row_size(), b16(q_norm), b16(k_norm), i32(positions), f32(cos), f32(sin),
                       int(qkv.rows()), h.num_heads, h.num_kv_heads, h.head_dim, eps, stream_);
   }
   void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
                      const HeadLayout& h) override {
-    Timed t(this, "store_kvcache");
     const bf16* k = b16(qkv) + h.q_dim();
     store_kvcache_cuda(b16(k_cache), b16(v_cache), k, k + h.kv_dim(), qkv.row_size(), i32(slot_mapping),
                        int(qkv.rows()), h.kv_dim(), stream_);
@@ -158,7 +110,6 @@ class CudaBackend final : public Backend {
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& m, const AttentionShape& s) override {
     const int width = int(m.block_tables.shape[1]);
-    Timed t(this, m.is_prefill ? "attention prefill" : "attention decode");
     if (m.is_prefill) {
       prefill_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                              i32(m.cu_seqlens_q), i32(m.cu_seqlens_k), i32(m.block_tables), width, m.num_seqs,
@@ -170,47 +121,17 @@ class CudaBackend final : public Backend {
     }
   }
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
-    Timed t(this, "silu_and_mul");
     silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
   }
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
-    Timed t(this, "gather_rows");
     gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
   }
   void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override {
-    Timed t(this, "sample");
     sample_cuda(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),
                 rows.as<const SamplingRow>(), stream_);
   }
 
  private:
-  // Times one operation between two events when profiling is on.
-  struct Record {
-    std::string label;
-    cudaEvent_t start, stop;
-  };
-  class Timed {
-   public:
-    Timed(CudaBackend* b, std::string label) : b_(b->profiling_ ? b : nullptr) {
-      if (!b_) return;
-      record_.label = std::move(label);
-      CUDA_CHECK(cudaEventCreate(&record_.start));
-      CUDA_CHECK(cudaEventCreate(&record_.stop));
-      CUDA_CHECK(cudaEventRecord(record_.start, b_->stream_));
-    }
-    ~Timed() {
-      if (!b_) return;
-      cudaEventRecord(record_.stop, b_->stream_);
-      b_->records_.push_back(record_);
-    }
-
-   private:
-    CudaBackend* b_;
-    Record record_;
-  };
-
-  bool profiling_ = false;
-  std::vector<Record> records_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;

@@ -1,8 +1,7 @@
-// model_runner.cpp
+// model_runner.cpp: KV capacity, input preparation, CUDA graphs and the step (nano-vllm: engine/model_runner.py).
 #include "04_model_runner/model_runner.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace nanovllm {
 
@@ -41,23 +40,12 @@ ModelRunner::ModelRunner(EngineConfig& config)
   const AttentionShape shape = model_->attention_shape(block_size_);
   attention_scratch_ = Buffer(backend_->device(), backend_->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
 
-  // Step inputs on the device.
-  const int64_t T = max_tokens_, B = max_seqs_, W = block_table_width_;
-  const size_t row_bytes = sizeof(SamplingRow);
-  Arena arena(backend_->device(), Arena::aligned(T * 4) * 3 + Arena::aligned((B + 1) * 4) * 2 +
-                                       Arena::aligned(B * 4) * 3 + Arena::aligned(B * W * 4) +
-                                       Arena::aligned(B * row_bytes));
-  input_ids_ = arena.take(DType::I32, {T});
-  positions_ = arena.take(DType::I32, {T});
-  slot_mapping_ = arena.take(DType::I32, {T});
-  cu_seqlens_q_ = arena.take(DType::I32, {B + 1});
-  cu_seqlens_k_ = arena.take(DType::I32, {B + 1});
-  context_lens_ = arena.take(DType::I32, {B});
-  last_token_rows_ = arena.take(DType::I32, {B});
-  tokens_ = arena.take(DType::I32, {B});
-  block_tables_ = arena.take(DType::I32, {B, W});
-  sampling_ = arena.take(DType::U8, {B, int64_t(row_bytes)});
-  step_storage_ = std::move(arena.buffer());
+  // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step).
+  step_storage_ = Arena::carve(backend_->device(), [&](Arena& a) {
+    step_ = carve_step_tensors(a);
+    tokens_ = a.take(DType::I32, {max_seqs_});
+  });
+  step_staging_ = Arena::carve(Device::CPU, [&](Arena& a) { staged_ = carve_step_tensors(a); });
 
   // Everything else is allocated: what is left of the budget becomes the KV cache.
   allocate_kv_cache(config);
@@ -97,6 +85,21 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
     k_caches_.emplace_back(base + layer_bytes * l, kv_dtype, backend_->device(), dims);
     v_caches_.emplace_back(base + layer_bytes * (mc.num_hidden_layers + l), kv_dtype, backend_->device(), dims);
   }
+}
+
+ModelRunner::StepTensors ModelRunner::carve_step_tensors(Arena& a) const {
+  const int64_t T = max_tokens_, B = max_seqs_, W = block_table_width_;
+  StepTensors t;
+  t.input_ids = a.take(DType::I32, {T});
+  t.positions = a.take(DType::I32, {T});
+  t.slot_mapping = a.take(DType::I32, {T});
+  t.cu_seqlens_q = a.take(DType::I32, {B + 1});
+  t.cu_seqlens_k = a.take(DType::I32, {B + 1});
+  t.context_lens = a.take(DType::I32, {B});
+  t.last_token_rows = a.take(DType::I32, {B});
+  t.block_tables = a.take(DType::I32, {B, W});
+  t.sampling = a.take(DType::U8, {B, int64_t(sizeof(SamplingRow))});
+  return t;
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -168,37 +171,50 @@ StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const
 // ---------------------------------------------------------------------------------------------------
 // Running
 
+namespace {
+
+// Copies `values` into the first values.size() elements of a host tensor; returns that slice (the
+// same rows of its device twin are what the model reads).
+template <class T>
+void stage(const Tensor& host, const std::vector<T>& values) {
+  if (values.size() * sizeof(T) > host.nbytes()) fail("internal: step input of ", values.size(), " values overflows its buffer");
+  std::copy(values.begin(), values.end(), host.as<T>());
+}
+
+}  // namespace
+
 ForwardInputs ModelRunner::upload(const StepInputs& in, int max_context_len) {
   const int T = in.num_tokens(), B = in.num_seqs();
   if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
+  // Fill the host mirror, then copy it to the device in one transfer.
+  stage(staged_.input_ids, in.input_ids);
+  stage(staged_.positions, in.positions);
+  stage(staged_.slot_mapping, in.slot_mapping);
+  stage(staged_.block_tables, in.block_tables);
+  stage(staged_.sampling, in.sampling);
+  stage(staged_.cu_seqlens_q, in.cu_seqlens_q);
+  stage(staged_.cu_seqlens_k, in.cu_seqlens_k);
+  stage(staged_.last_token_rows, in.last_token_rows);
+  stage(staged_.context_lens, in.context_lens);
+  backend_->upload(Tensor(step_storage_.data(), DType::U8, backend_->device(), {int64_t(step_storage_.bytes())}),
+                   step_staging_.data());
+
   ForwardInputs f;
-  f.input_ids = input_ids_.slice_rows(0, T);
-  f.positions = positions_.slice_rows(0, T);
-  f.attention.is_prefill = in.is_prefill;
-  f.attention.num_seqs = B;
-  f.attention.slot_mapping = slot_mapping_.slice_rows(0, T);
-  f.attention.block_tables = block_tables_.slice_rows(0, B);
-  f.attention.scratch = Tensor(attention_scratch_.data(), DType::F32, backend_->device(),
-                               {int64_t(attention_scratch_.bytes() / 4)});
-  backend_->upload(f.input_ids, in.input_ids.data());
-  backend_->upload(f.positions, in.positions.data());
-  backend_->upload(f.attention.slot_mapping, in.slot_mapping.data());
-  backend_->upload(f.attention.block_tables, in.block_tables.data());
-  if (in.is_prefill) {
-    f.attention.cu_seqlens_q = cu_seqlens_q_.slice_rows(0, B + 1);
-    f.attention.cu_seqlens_k = cu_seqlens_k_.slice_rows(0, B + 1);
-    f.attention.max_seqlen_q = in.max_seqlen_q;
-    f.attention.max_seqlen_k = in.max_seqlen_k;
-    f.last_token_rows = last_token_rows_.slice_rows(0, B);
-    backend_->upload(f.attention.cu_seqlens_q, in.cu_seqlens_q.data());
-    backend_->upload(f.attention.cu_seqlens_k, in.cu_seqlens_k.data());
-    backend_->upload(f.last_token_rows, in.last_token_rows.data());
-  } else {
-    f.attention.context_lens = context_lens_.slice_rows(0, B);
-    f.attention.max_context_len = max_context_len;
-    backend_->upload(f.attention.context_lens, in.context_lens.data());
-  }
-  backend_->upload(sampling_.slice_rows(0, B), in.sampling.data());
+  f.input_ids = step_.input_ids.slice_rows(0, T);
+  f.positions = step_.positions.slice_rows(0, T);
+  f.last_token_rows = step_.last_token_rows.slice_rows(0, B);
+  AttentionMetadata& m = f.attention;
+  m.is_prefill = in.is_prefill;
+  m.num_seqs = B;
+  m.slot_mapping = step_.slot_mapping.slice_rows(0, T);
+  m.block_tables = step_.block_tables.slice_rows(0, B);
+  m.cu_seqlens_q = step_.cu_seqlens_q.slice_rows(0, B + 1);
+  m.cu_seqlens_k = step_.cu_seqlens_k.slice_rows(0, B + 1);
+  m.max_seqlen_q = in.max_seqlen_q;
+  m.max_seqlen_k = in.max_seqlen_k;
+  m.context_lens = step_.context_lens.slice_rows(0, B);
+  m.max_context_len = max_context_len;
+  m.scratch = Tensor(attention_scratch_.data(), DType::F32, backend_->device(), {int64_t(attention_scratch_.bytes() / 4)});
   return f;
 }
 
@@ -206,6 +222,17 @@ std::vector<int> ModelRunner::graph_batch_sizes() const {
   std::vector<int> sizes;
   for (const auto& g : graphs_) sizes.push_back(g.first);
   return sizes;
+}
+
+// Padding rows of a CUDA graph batch: slot -1 stores nothing and context 0 attends to nothing.
+void ModelRunner::pad_decode(StepInputs& in, int batch_size) const {
+  const size_t bs = size_t(batch_size);
+  in.input_ids.resize(bs, 0);
+  in.positions.resize(bs, 0);
+  in.slot_mapping.resize(bs, -1);
+  in.context_lens.resize(bs, 0);
+  in.block_tables.resize(bs * block_table_width_, -1);
+  in.sampling.resize(bs, SamplingRow{0.0f, 0, 1.0f, 0, 0});
 }
 
 void ModelRunner::capture_cuda_graphs() {
@@ -217,23 +244,14 @@ void ModelRunner::capture_cuda_graphs() {
   for (int bs = 16; bs < max_seqs_; bs += 16) sizes.push_back(bs);
   sizes.push_back(max_seqs_);
   for (int bs : sizes) {
-    // Capture on dummy inputs: padding rows (slot -1, context 0) that write nothing and read nothing.
-    StepInputs in;
-    in.is_prefill = false;
-    in.input_ids.assign(size_t(bs), 0);
-    in.positions.assign(size_t(bs), 0);
-    in.slot_mapping.assign(size_t(bs), -1);
-    in.context_lens.assign(size_t(bs), 0);
-    in.block_tables.assign(size_t(bs) * block_table_width_, -1);
-    in.sampling.assign(size_t(bs), SamplingRow{0.0f, 0, 1.0f, 0, 0});
+    StepInputs in;  // a batch of padding rows only
+    pad_decode(in, bs);
     // The grid of the decode kernel must cover any context: size it for max_model_len.
     ForwardInputs f = upload(in, max_model_len_);
-    model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);  // warm-up outside the capture
+    execute(f, bs);  // warm-up outside the capture
     backend_->synchronize();
     backend_->begin_capture();
-    model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
-    model_->compute_logits(*backend_, f, workspace_, bs);
-    backend_->sample(tokens_.slice_rows(0, bs), workspace_.logits.slice_rows(0, bs), sampling_.slice_rows(0, bs));
+    execute(f, bs);
     graphs_.push_back({bs, backend_->end_capture()});
   }
   backend_->synchronize();
@@ -243,88 +261,33 @@ void ModelRunner::execute(const ForwardInputs& f, int num_seqs) {
   model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
   model_->compute_logits(*backend_, f, workspace_, num_seqs);
   backend_->sample(tokens_.slice_rows(0, num_seqs), workspace_.logits.slice_rows(0, num_seqs),
-                   sampling_.slice_rows(0, num_seqs));
+                   step_.sampling.slice_rows(0, num_seqs));
 }
 
 std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits) {
   StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
   const int B = in.num_seqs();
-  // Decode under a CUDA graph: the smallest captured batch that holds B sequences, padded.
-  const auto graph = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.first >= B; });
-  if (!is_prefill && graph != graphs_.end()) {
-    const int bs = graph->first;
-    in.input_ids.resize(size_t(bs), 0);
-    in.positions.resize(size_t(bs), 0);
-    in.slot_mapping.resize(size_t(bs), -1);    // padding rows store nothing...
-    in.context_lens.resize(size_t(bs), 0);     // ...and attend to nothing
-    in.block_tables.resize(size_t(bs) * block_table_width_, -1);
-    in.sampling.resize(size_t(bs), SamplingRow{0.0f, 0, 1.0f, 0, 0});
+  // Decode replays the CUDA graph of the smallest captured batch that holds B sequences, padded.
+  auto graph = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.first >= B; });
+  if (!is_prefill && !enforce_eager_ && graph != graphs_.end()) {
+    pad_decode(in, graph->first);
     upload(in, max_model_len_);
     backend_->replay(graph->second);
   } else {
     execute(upload(in, in.max_seqlen_k), B);
   }
 
-  std::vector<int32_t> out(size_t(B), 0);
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  backend_->download(tokens.data(), tokens_.slice_rows(0, B));
   const Tensor step_logits = workspace_.logits.slice_rows(0, B);
-  // Top-k / top-p rows are sampled on the host from the logits (the GPU sampler does greedy and
-  // temperature only); the device's tokens for the other rows stand.
-  bool host_sampling = false;
-  for (int b = 0; b < B; b++) host_sampling |= in.sampling[b].top_k > 0 || in.sampling[b].top_p < 1.0f;
-  std::vector<float> host_logits;
-  if (logits || host_sampling) {
-    host_logits.resize(size_t(step_logits.numel()));
+  const bool host_rows = device() == Device::CUDA && cuda_leaves_rows_to_host(in.sampling.data(), B);
+  if (logits || host_rows) {
+    std::vector<float> host_logits(size_t(step_logits.numel()));
     backend_->download(host_logits.data(), step_logits);
+    if (host_rows) sample_rows_left_to_host(tokens.data(), host_logits.data(), B, int(step_logits.row_size()), in.sampling.data());
+    if (logits) *logits = std::move(host_logits);
   }
-  backend_->download(out.data(), tokens_.slice_rows(0, B));
-  if (host_sampling) {
-    const int vocab = int(step_logits.row_size());
-    for (int b = 0; b < B; b++)
-      if (in.sampling[b].top_k > 0 || in.sampling[b].top_p < 1.0f)
-        out[b] = sample_row_cpu(host_logits.data() + int64_t(b) * vocab, vocab, in.sampling[b]);
-  }
-  if (logits) *logits = std::move(host_logits);
-  return out;
-}
-
-ModelRunner::DecodeStepProfile ModelRunner::profile_decode_step(int batch, int context, int iterations) {
-  const int blocks_per_seq = ceil_div(context, block_size_);
-  if (batch > max_seqs_) fail("--batch ", batch, " exceeds max_num_seqs ", max_seqs_);
-  if (context > max_model_len_) fail("--context ", context, " exceeds max_model_len ", max_model_len_);
-  if (int64_t(batch) * blocks_per_seq > num_blocks_)
-    fail("batch ", batch, " x context ", context, " needs ", int64_t(batch) * blocks_per_seq, " KV blocks; the cache has ", num_blocks_);
-  std::vector<std::unique_ptr<Sequence>> owned;
-  std::vector<Sequence*> seqs;
-  SamplingParams params;
-  params.temperature = 0.6f;
-  for (int b = 0; b < batch; b++) {
-    owned.push_back(std::make_unique<Sequence>(b, std::vector<int32_t>(size_t(context), 1), params, b, block_size_));
-    for (int i = 0; i < blocks_per_seq; i++) owned.back()->block_table.push_back(b * blocks_per_seq + i);
-    owned.back()->num_cached_tokens = context - 1;
-    owned.back()->num_scheduled_tokens = 1;
-    seqs.push_back(owned.back().get());
-  }
-  auto time_ms = [&](auto&& step) {
-    step();  // warm-up
-    backend_->synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; i++) step();
-    backend_->synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iterations;
-  };
-  DecodeStepProfile p;
-  auto eager_step = [&] {
-    StepInputs in = prepare_decode(seqs);
-    execute(upload(in, in.max_seqlen_k), batch);
-  };
-  p.eager_ms = time_ms(eager_step);
-  p.graph_ms = time_ms([&] { run(seqs, false); });
-  backend_->set_profiling(true);
-  for (int i = 0; i < iterations; i++) eager_step();
-  p.ops = backend_->profile_report();
-  backend_->set_profiling(false);
-  for (auto& op : p.ops) op.milliseconds /= iterations, op.calls /= iterations;
-  return p;
+  return tokens;
 }
 
 }  // namespace nanovllm

@@ -12,6 +12,7 @@
 // cumulative query/key lengths (prefill) or context lengths (decode) and the block tables.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -61,23 +62,32 @@ class ModelRunner {
   // Decode batch sizes with a captured CUDA graph (empty on the CPU or with --enforce-eager).
   std::vector<int> graph_batch_sizes() const;
 
-  // A micro-benchmark of one decode step: `batch` sequences of `context` tokens each (K/V from whatever
-  // the cache holds), run `iterations` times. Reports the step time eagerly and under a CUDA graph
-  // (host work included), and the time of every operation (eager, profiled).
-  struct DecodeStepProfile {
-    double eager_ms = 0, graph_ms = 0;
-    std::vector<Backend::OpTime> ops;  // per step
-  };
-  DecodeStepProfile profile_decode_step(int batch, int context, int iterations);
-  Backend& backend() { return *backend_; }
+  // For tools (bench --profile, bench-step): wrap the backend (a profiler forwarding every operation),
+  // and switch graph replay off and on (graphs captured at start-up stay).
+  void wrap_backend(const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)>& wrap) {
+    backend_ = wrap(std::move(backend_));
+  }
+  void set_enforce_eager(bool eager) { enforce_eager_ = eager; }
 
  private:
+  // The step inputs in memory, on the device and mirrored on the host with the same layout, so that one
+  // copy uploads them all.
+  struct StepTensors {
+    Tensor input_ids, positions, slot_mapping;  // (T,) i32
+    Tensor cu_seqlens_q, cu_seqlens_k;          // (B + 1,) i32
+    Tensor context_lens, last_token_rows;       // (B,) i32
+    Tensor block_tables;                        // (B, W) i32
+    Tensor sampling;                            // (B, sizeof(SamplingRow)) U8
+  };
+  StepTensors carve_step_tensors(Arena& arena) const;
+
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
+  void pad_decode(StepInputs& in, int batch_size) const;
   ForwardInputs upload(const StepInputs& in, int max_context_len);
   void allocate_kv_cache(EngineConfig& config);
   void capture_cuda_graphs();
-  // forward + logits + sampling of a step whose inputs are uploaded: replayed from a graph when one fits.
+  // forward + logits + sampling of a step whose inputs are uploaded (what a CUDA graph captures).
   void execute(const ForwardInputs& f, int num_seqs);
 
   int block_size_;
@@ -95,10 +105,9 @@ class ModelRunner {
   std::vector<Tensor> k_caches_, v_caches_;  // per layer: (num_blocks, block_size, kv_heads, head_dim)
   Buffer attention_scratch_;                 // decode attention's partial results (GPU)
   std::vector<std::pair<int, int>> graphs_;  // (batch size, graph id), ascending batch size
-  // Device copies of StepInputs, sized for the largest step.
-  Buffer step_storage_;
-  Tensor input_ids_, positions_, slot_mapping_, cu_seqlens_q_, cu_seqlens_k_, context_lens_, block_tables_,
-      last_token_rows_, sampling_, tokens_;
+  Buffer step_storage_, step_staging_;       // the step tensors on the device, and their host mirror
+  StepTensors step_, staged_;                // views of step_storage_ and step_staging_
+  Tensor tokens_;                            // (B,) i32: the sampled tokens, on the device
 };
 
 }  // namespace nanovllm

@@ -1,4 +1,5 @@
-// qwen3.cpp
+// qwen3.cpp: loading the weights, the activation workspace, and the forward pass (nano-vllm:
+// models/qwen3.py, utils/loader.py).
 #include "04_model_runner/qwen3.h"
 
 #include <cmath>
@@ -101,51 +102,30 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
 // ---------------------------------------------------------------------------------------------------
 // Workspace
 
-namespace {
-
-struct WorkspaceShapes {
-  int64_t T, B, H, qkv, q, I2, I, V, P, half;
-};
-
-WorkspaceShapes shapes_of(const ModelConfig& c, int tp, int max_tokens, int max_seqs, int max_positions) {
-  HeadLayout h{c.num_attention_heads / tp, c.num_key_value_heads / tp, c.head_dim};
-  return {max_tokens, max_seqs, c.hidden_size, h.qkv_dim(), h.q_dim(), 2 * c.intermediate_size / tp,
-          c.intermediate_size / tp, c.vocab_size / tp, max_positions, c.head_dim / 2};
-}
-
-}  // namespace
-
-size_t Qwen3Workspace::bytes_needed(const ModelConfig& c, int tp, DType act, int max_tokens, int max_seqs,
-                                    int max_positions) {
-  WorkspaceShapes s = shapes_of(c, tp, max_tokens, max_seqs, max_positions);
-  size_t a = dtype_size(act);
-  return Arena::aligned(s.T * s.H * a) * 3 + Arena::aligned(s.T * s.qkv * a) + Arena::aligned(s.T * s.q * a) +
-         Arena::aligned(s.T * s.I2 * a) + Arena::aligned(s.T * s.I * a) + Arena::aligned(s.B * s.H * a) +
-         Arena::aligned(s.B * s.V * 4) + 2 * Arena::aligned(s.P * s.half * 4);
-}
-
 Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, int tp, int max_tokens, int max_seqs,
                                     int max_positions) {
-  WorkspaceShapes s = shapes_of(c, tp, max_tokens, max_seqs, max_positions);
-  DType act = backend.act_dtype();
-  Arena arena(backend.device(), Qwen3Workspace::bytes_needed(c, tp, act, max_tokens, max_seqs, max_positions));
+  const HeadLayout h{c.num_attention_heads / tp, c.num_key_value_heads / tp, c.head_dim};
+  const int64_t T = max_tokens, B = max_seqs, H = c.hidden_size, I = c.intermediate_size / tp, V = c.vocab_size / tp;
+  const int64_t P = max_positions, half = c.head_dim / 2;
+  const DType act = backend.act_dtype();
   Qwen3Workspace ws;
-  ws.residual = arena.take(act, {s.T, s.H});
-  ws.hidden = arena.take(act, {s.T, s.H});
-  ws.normed = arena.take(act, {s.T, s.H});
-  ws.qkv = arena.take(act, {s.T, s.qkv});
-  ws.attn_out = arena.take(act, {s.T, s.q});
-  ws.gate_up = arena.take(act, {s.T, s.I2});
-  ws.mlp_act = arena.take(act, {s.T, s.I});
-  ws.last_hidden = arena.take(act, {s.B, s.H});
-  ws.logits = arena.take(DType::F32, {s.B, s.V});
-  ws.cos = arena.take(DType::F32, {s.P, s.half});
-  ws.sin = arena.take(DType::F32, {s.P, s.half});
+  ws.storage = Arena::carve(backend.device(), [&](Arena& a) {
+    ws.residual = a.take(act, {T, H});
+    ws.hidden = a.take(act, {T, H});
+    ws.normed = a.take(act, {T, H});
+    ws.qkv = a.take(act, {T, h.qkv_dim()});
+    ws.attn_out = a.take(act, {T, h.q_dim()});
+    ws.gate_up = a.take(act, {T, 2 * I});
+    ws.mlp_act = a.take(act, {T, I});
+    ws.last_hidden = a.take(act, {B, H});
+    ws.logits = a.take(DType::F32, {B, V});
+    ws.cos = a.take(DType::F32, {P, half});
+    ws.sin = a.take(DType::F32, {P, half});
+  });
   std::vector<float> cos, sin;
-  build_rope_table(cos, sin, int(s.P), c.head_dim, c.rope_theta);
+  build_rope_table(cos, sin, int(P), c.head_dim, c.rope_theta);
   backend.upload(ws.cos, cos.data());
   backend.upload(ws.sin, sin.data());
-  ws.storage = std::move(arena.buffer());
   return ws;
 }
 

@@ -53,10 +53,6 @@ struct Qwen3Workspace {
   Tensor logits;       // (B, V) F32
   Tensor cos, sin;     // (max_positions, D / 2) F32: the RoPE tables
   Buffer storage;
-  // Bytes needed for a given T and B (the runner allocates exactly this, before measuring what is left
-  // for the KV cache).
-  static size_t bytes_needed(const ModelConfig& config, int tp_size, DType act, int max_tokens, int max_seqs,
-                             int max_positions);
 };
 
 Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& config, int tp_size, int max_tokens,

@@ -1,4 +1,4 @@
-// tensor.cpp
+// tensor.cpp: Buffer (host or GPU memory), Tensor views, and the Arena that carves one into the other.
 #include "04_model_runner/tensor.h"
 
 #include <cstdlib>
@@ -12,7 +12,7 @@ namespace nanovllm {
 Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
   if (device == Device::CPU) {
-    data_ = std::aligned_alloc(256, Arena::aligned(bytes));
+    data_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // a multiple of the alignment
     if (!data_) fail("out of host memory allocating ", bytes >> 20, " MiB");
     return;
   }
@@ -81,10 +81,12 @@ Tensor Tensor::reshape(std::initializer_list<int64_t> dims) const {
 }
 
 Tensor Arena::take(DType dtype, std::initializer_list<int64_t> dims) {
-  Tensor t(nullptr, dtype, buffer_.device(), dims);
-  size_t bytes = aligned(t.nbytes());
-  if (used_ + bytes > buffer_.bytes()) fail("arena of ", buffer_.bytes(), " bytes is full");
-  t.data = static_cast<char*>(buffer_.data()) + used_;
+  Tensor t(nullptr, dtype, device_, dims);
+  const size_t bytes = aligned(t.nbytes());
+  if (!measuring_) {
+    if (used_ + bytes > buffer_.bytes()) fail("internal: the arena's layout changed between its two passes");
+    t.data = static_cast<char*>(buffer_.data()) + used_;
+  }
   used_ += bytes;
   return t;
 }

@@ -64,18 +64,31 @@ struct Tensor {
 };
 
 // Carves tensors out of one Buffer, each aligned to 256 bytes (what cuBLAS and vector loads like).
+// A layout is written once, as a function that takes its tensors from an Arena; carve() runs it twice:
+// first on a measuring Arena (no memory: it only adds up sizes), then on one Buffer of exactly that size.
+//
+//   Buffer storage = Arena::carve(device, [&](Arena& a) { x = a.take(DType::F32, {T, H}); ... });
 class Arena {
  public:
-  Arena(Device device, size_t bytes) : buffer_(device, bytes) {}
+  template <class Layout>
+  static Buffer carve(Device device, Layout&& layout) {
+    Arena measure(device, 0, /*measuring=*/true);
+    layout(measure);
+    Arena arena(device, measure.used_, false);
+    layout(arena);
+    return std::move(arena.buffer_);
+  }
+
   Tensor take(DType dtype, std::initializer_list<int64_t> dims);
-  size_t used() const { return used_; }
-  // The memory itself, to be kept alive as long as the tensors taken from it.
-  Buffer& buffer() { return buffer_; }
-  // Bytes an Arena needs for tensors of these sizes (a dry run of take()).
-  static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
  private:
+  Arena(Device device, size_t bytes, bool measuring)
+      : buffer_(measuring ? Buffer() : Buffer(device, bytes)), device_(device), measuring_(measuring) {}
+  static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
   Buffer buffer_;
+  Device device_;
+  bool measuring_;
   size_t used_ = 0;
 };
 

@@ -62,6 +62,14 @@ int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& r
 // Batched: tokens[b] = sample_row_cpu(logits + b * vocab_size, vocab_size, rows[b]).
 void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows);
 
+// sample_cuda does greedy and temperature rows only: rows asking for top-k or top-p are left to the host.
+// cuda_leaves_rows_to_host says whether a batch has such rows; sample_rows_left_to_host samples exactly
+// those rows with sample_row_cpu from the downloaded logits (num_rows, vocab_size), keeping the GPU's
+// tokens for the others.
+bool cuda_leaves_rows_to_host(const SamplingRow* rows, int num_rows);
+void sample_rows_left_to_host(int32_t* tokens, const float* logits, int num_rows, int vocab_size,
+                              const SamplingRow* rows);
+
 }  // namespace nanovllm
 
 // CUDA (sampler.cu): greedy and temperature (Gumbel-max) sampling, one block per row; the same random

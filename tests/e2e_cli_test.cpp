@@ -172,9 +172,9 @@ TEST(E2E_Cli, TruncatedCheckpointIsAnErrorNamingTheFile) {
   char dir_template[] = "/tmp/nanovllm-ckpt-XXXXXX";
   std::string dir = mkdtemp(dir_template);
   std::string src = golden_model("tiny-qwen3-a");
-  std::string weights = test::read_file(src + "/model.safetensors");
+  std::string weights = read_file(src + "/model.safetensors");
   for (const char* f : {"config.json", "generation_config.json"}) {
-    std::ofstream(dir + "/" + f) << test::read_file(src + "/" + f);
+    std::ofstream(dir + "/" + f) << read_file(src + "/" + f);
   }
   std::ofstream(dir + "/model.safetensors", std::ios::binary) << weights.substr(0, weights.size() / 2);
   auto r = run_nanovllm("generate --device cpu --model " + dir + " --prompt-ids 1,2");

@@ -71,7 +71,7 @@ TEST(E2E_Gpu, LogitsMatchTransformers) {
     for (size_t i = 0; i < g.prompts.size(); i++) {
       engine.add_request(g.prompts[i], greedy(1));
       std::vector<float> logits;
-      while (!engine.is_finished()) engine.step(nullptr, &logits);
+      while (!engine.is_finished()) engine.step(&logits);
       double num = 0, den = 0;
       for (size_t v = 0; v < g.logits[i].size(); v++)
         num += (logits[v] - g.logits[i][v]) * (logits[v] - g.logits[i][v]), den += g.logits[i][v] * g.logits[i][v];

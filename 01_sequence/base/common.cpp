@@ -1,4 +1,4 @@
-// common.cpp: the one non-inline shared helper.
+// common.cpp: data_dir(), the one non-inline helper of common.h.
 #include "01_sequence/base/common.h"
 
 #include <unistd.h>

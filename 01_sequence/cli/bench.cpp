@@ -1,4 +1,5 @@
-// bench_cli.cpp: `nanovllm bench`, nano-vllm's bench.py reproduced exactly.
+// bench.cpp: `nanovllm bench`, nano-vllm's bench.py reproduced exactly (nano-vllm: bench.py), and
+// `nanovllm bench-step`, one decode step operation by operation.
 //
 // bench.py: random.seed(0); 256 prompts of randint(100, 1024) token ids, each randint(0, 10000); then
 // for each, SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=randint(100, 1024)); one warm-up
@@ -9,12 +10,13 @@
 #include <cstdio>
 #include <map>
 
+#include "01_sequence/base/files.h"
 #include "01_sequence/cli/flags.h"
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
+#include "04_model_runner/profiler.h"
 #include "04_model_runner/checkpoint/random_model.h"
-#include "04_model_runner/checkpoint/safetensors.h"
 #include "05_attention/attention.h"
 
 namespace nanovllm {
@@ -83,14 +85,9 @@ class PythonRandom {
   int index_ = kN + 1;
 };
 
-}  // namespace
-
-int cmd_bench(const Flags& flags) {
-  const int num_seqs = int(flags.get_int("num-seqs", 256, 1, 1 << 20));
-  const int max_input_len = int(flags.get_int("max-input-len", 1024, 100, 1 << 20));
-  const int max_output_len = int(flags.get_int("max-output-len", 1024, 100, 1 << 20));
-
-  // The model: a checkpoint, or random weights of a real model's shape (speed does not depend on values).
+// The model folder of `bench` and `bench-step`: --model DIR, or --random PRESET (random weights of a real
+// model's shape, written under build/data the first time; speed does not depend on the values).
+std::string model_from(const Flags& flags) {
   std::string model = flags.get("model");
   if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
   if (flags.has("random")) {
@@ -101,6 +98,30 @@ int cmd_bench(const Flags& flags) {
       write_random_model(preset, model, 0);
     }
   }
+  return model;
+}
+
+// Wraps the runner's backend in a profiler and switches CUDA graphs off (a graph replay runs no
+// operation one by one). The runner owns the profiler; the pointer stays valid as long as the runner.
+ProfiledBackend* profile(ModelRunner& runner) {
+  ProfiledBackend* profiler = nullptr;
+  runner.wrap_backend([&](std::unique_ptr<Backend> inner) {
+    auto wrapped = std::make_unique<ProfiledBackend>(std::move(inner));
+    profiler = wrapped.get();
+    return wrapped;
+  });
+  runner.set_enforce_eager(true);
+  return profiler;
+}
+
+}  // namespace
+
+int cmd_bench(const Flags& flags) {
+  const int num_seqs = int(flags.get_int("num-seqs", 256, 1, 1 << 20));
+  const int max_input_len = int(flags.get_int("max-input-len", 1024, 100, 1 << 20));
+  const int max_output_len = int(flags.get_int("max-output-len", 1024, 100, 1 << 20));
+
+  const std::string model = model_from(flags);
 
   // bench.py's workload.
   PythonRandom rng(0);
@@ -143,7 +164,8 @@ int cmd_bench(const Flags& flags) {
   engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3}}, {SamplingParams()});
   const EngineStats before = engine.stats();
 
-  if (flags.has("profile")) engine.model_runner().backend().set_profiling(true);
+  ProfiledBackend* profiler = nullptr;
+  if (flags.has("profile")) profiler = profile(engine.model_runner());
   auto t0 = std::chrono::steady_clock::now();
   std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -171,17 +193,17 @@ int cmd_bench(const Flags& flags) {
               decode_bytes / 1e9 / decode_seconds);
   std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
               (long long)engine.scheduler().block_manager().total_hit_blocks());
-  if (flags.has("profile")) {
+  if (profiler) {
     // Kernel time per operation over the whole run (eager; linear layers grouped by weight shape).
-    std::map<std::string, std::pair<int, double>> totals;
-    for (const auto& op : engine.model_runner().backend().profile_report()) {
+    std::map<std::string, OpTime> totals;
+    for (const OpTime& op : profiler->report()) {
       std::string label = op.label;
       if (label.rfind("linear ", 0) == 0) label = "linear " + label.substr(label.find('x') + 1);
-      totals[label].first += op.calls, totals[label].second += op.milliseconds;
+      totals[label].calls += op.calls, totals[label].milliseconds += op.milliseconds;
     }
     double sum = 0;
     std::printf("%-30s %9s %10s\n", "operation (whole run)", "calls", "ms");
-    for (const auto& [label, t] : totals) std::printf("%-30s %9d %10.1f\n", label.c_str(), t.first, t.second), sum += t.second;
+    for (const auto& [label, t] : totals) std::printf("%-30s %9d %10.1f\n", label.c_str(), t.calls, t.milliseconds), sum += t.milliseconds;
     std::printf("%-30s %9s %10.1f   of %.1f ms wall\n", "kernels", "", sum, seconds * 1e3);
   }
   return 0;
@@ -193,14 +215,8 @@ int cmd_bench_step(const Flags& flags) {
   const int batch = int(flags.get_int("batch", 256, 1, 1 << 16));
   const int context = int(flags.get_int("context", 1000, 1, 1 << 20));
   const int iterations = int(flags.get_int("iters", 20, 1, 100000));
-  std::string model = flags.get("model");
-  if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
-  if (flags.has("random")) {
-    model = data_dir() + "/random-" + flags.get("random");
-    if (!is_regular_file(model + "/config.json")) write_random_model(flags.get("random"), model, 0);
-  }
   EngineConfig config;
-  config.model = model;
+  config.model = model_from(flags);
   config.device = flags.get("device");
   config.max_num_seqs = std::max(batch, 1);
   config.max_num_batched_tokens = std::max(batch, 1024);
@@ -213,16 +229,53 @@ int cmd_bench_step(const Flags& flags) {
 #endif
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();
-  const double copy_gbps = runner.backend().measure_copy_bandwidth();
-  ModelRunner::DecodeStepProfile p = runner.profile_decode_step(batch, context, iterations);
+  const double copy_gbps = measure_copy_bandwidth();
 
-  const double kv_bytes_per_token_layer = double(runner.kv_block_bytes()) / config.kvcache_block_size / mc.num_hidden_layers;
-  std::printf("decode step: batch %d, context %d, %s; copy bandwidth %.0f GB/s\n", batch, context,
-              config.device.c_str(), copy_gbps);
-  std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", p.eager_ms, p.graph_ms);
+  // `batch` sequences of `context` tokens, each with its own blocks; the K/V are whatever the cache holds.
+  const int block_size = config.kvcache_block_size, blocks_per_seq = ceil_div(context, block_size);
+  if (int64_t(batch) * blocks_per_seq > runner.num_kvcache_blocks())
+    fail("batch ", batch, " x context ", context, " needs ", int64_t(batch) * blocks_per_seq, " KV blocks; the cache has ",
+         runner.num_kvcache_blocks());
+  std::vector<std::unique_ptr<Sequence>> owned;
+  std::vector<Sequence*> seqs;
+  SamplingParams params;
+  params.temperature = 0.6f;
+  for (int b = 0; b < batch; b++) {
+    owned.push_back(std::make_unique<Sequence>(b, std::vector<int32_t>(size_t(context), 1), params, b, block_size));
+    for (int i = 0; i < blocks_per_seq; i++) owned.back()->block_table.push_back(b * blocks_per_seq + i);
+    owned.back()->num_cached_tokens = context - 1;
+    owned.back()->num_scheduled_tokens = 1;
+    seqs.push_back(owned.back().get());
+  }
+  // Milliseconds per step, host work included: one warm-up, then the mean of `iterations` steps.
+  auto time_step = [&] {
+    runner.run(seqs, false);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; i++) runner.run(seqs, false);  // returns the tokens: synchronous
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iterations;
+  };
+  const double graph_ms = time_step();
+  runner.set_enforce_eager(true);
+  const double eager_ms = time_step();
+  ProfiledBackend* profiler = profile(runner);
+  for (int i = 0; i < iterations; i++) runner.run(seqs, false);
+  std::vector<OpTime> ops = profiler->report();
+  for (OpTime& op : ops) op.milliseconds /= iterations, op.calls /= iterations;
+
+  const double kv_bytes_per_token_layer = double(runner.kv_block_bytes()) / block_size / mc.num_hidden_layers;
+  if (copy_gbps > 0)
+    std::printf("decode step: batch %d, context %d, %s; copy bandwidth %.0f GB/s\n", batch, context,
+                config.device.c_str(), copy_gbps);
+  else
+    std::printf("decode step: batch %d, context %d, %s (no copy bandwidth to compare with on the CPU)\n", batch,
+                context, config.device.c_str());
+  if (runner.graph_batch_sizes().empty())
+    std::printf("step time: %.3f ms (host work included; no CUDA graphs on this device)\n", eager_ms);
+  else
+    std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", eager_ms, graph_ms);
   std::printf("%-34s %6s %10s %10s %9s %7s\n", "operation", "calls", "us/step", "MB/step", "GB/s", "% copy");
   double total_ms = 0;
-  for (const auto& op : p.ops) {
+  for (const OpTime& op : ops) {
     // Bytes an operation must move at least: attention reads every context token's K and V; a linear
     // layer reads its weight and activations and writes its output.
     double bytes = 0;
@@ -234,9 +287,11 @@ int cmd_bench_step(const Flags& flags) {
     }
     total_ms += op.milliseconds;
     const double gbps = bytes / (op.milliseconds * 1e-3) / 1e9;
-    if (bytes > 0)
+    if (bytes > 0 && copy_gbps > 0)
       std::printf("%-34s %6d %10.1f %10.1f %9.0f %6.0f%%\n", op.label.c_str(), op.calls, op.milliseconds * 1e3,
                   bytes / 1e6, gbps, 100 * gbps / copy_gbps);
+    else if (bytes > 0)
+      std::printf("%-34s %6d %10.1f %10.1f %9.1f\n", op.label.c_str(), op.calls, op.milliseconds * 1e3, bytes / 1e6, gbps);
     else
       std::printf("%-34s %6d %10.1f\n", op.label.c_str(), op.calls, op.milliseconds * 1e3);
   }

@@ -1,4 +1,5 @@
-// cli.cpp: the flag parser behind every subcommand.
+// flags.cpp: the flag parser behind every subcommand (nano-vllm has no command line: its users write
+// Python, as example.py and bench.py do).
 #include "01_sequence/cli/flags.h"
 
 #include <algorithm>

@@ -1,4 +1,5 @@
-// cli.h: the command line's flag parser, shared by every subcommand of build/nanovllm.
+// flags.h: the command line's flag parser, shared by every subcommand of build/nanovllm, and the
+// subcommands main() dispatches to.
 //
 // The contract (DESIGN.md): errors go to stderr as one line "error: ...", exit code 2 for a usage error
 // (unknown flag, missing or malformed value) and 1 for any other failure.
@@ -41,17 +42,16 @@ class Flags {
   std::vector<std::pair<std::string, std::string>> in_order_;
 };
 
-// Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
-int cmd_hash_blocks(const Flags& flags);      // 01_sequence/cli/hash_blocks.cpp
-int cmd_tokenize(const Flags& flags);         // 01_sequence/cli/text.cpp
-int cmd_detokenize(const Flags& flags);       // 01_sequence/cli/text.cpp
-int cmd_chat_template(const Flags& flags);    // 01_sequence/cli/text.cpp
-int cmd_bench_tokenizer(const Flags& flags);  // 01_sequence/cli/text.cpp
-int cmd_random_model(const Flags& flags);     // 01_sequence/cli/random_model.cpp
-// Subcommands that run the engine are part of the entry (engine_cli.cpp, bench_cli.cpp).
-int cmd_generate(const Flags& flags);
-int cmd_logits(const Flags& flags);
-int cmd_bench(const Flags& flags);
-int cmd_bench_step(const Flags& flags);
+// The subcommands, one file each in 01_sequence/cli/; main() dispatches.
+int cmd_generate(const Flags& flags);         // generate.cpp
+int cmd_logits(const Flags& flags);           // generate.cpp
+int cmd_bench(const Flags& flags);            // bench.cpp
+int cmd_bench_step(const Flags& flags);       // bench.cpp
+int cmd_tokenize(const Flags& flags);         // text.cpp
+int cmd_detokenize(const Flags& flags);       // text.cpp
+int cmd_chat_template(const Flags& flags);    // text.cpp
+int cmd_bench_tokenizer(const Flags& flags);  // text.cpp
+int cmd_hash_blocks(const Flags& flags);      // hash_blocks.cpp
+int cmd_random_model(const Flags& flags);     // random_model.cpp
 
 }  // namespace nanovllm

@@ -1,4 +1,4 @@
-// engine_cli.cpp: the subcommands that run the model: `generate` and `logits`.
+// generate.cpp: the subcommands that run the model, `generate` and `logits` (nano-vllm: example.py).
 //
 //   nanovllm generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [sampling] [engine options] [--json]
 //   nanovllm logits   --model DIR --prompt-ids 1,2,3
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "01_sequence/base/files.h"
 #include "01_sequence/cli/flags.h"
 #include "01_sequence/base/json.h"
 #include "01_sequence/llm_engine.h"
@@ -15,7 +16,6 @@
 #include "01_sequence/tokenizer/tokenizer.h"
 #include "04_model_runner/model_runner.h"
 #include "04_model_runner/checkpoint/random_model.h"
-#include "04_model_runner/checkpoint/safetensors.h"
 
 namespace nanovllm {
 
@@ -166,7 +166,7 @@ int cmd_logits(const Flags& flags) {
   // Prefill the prompt (in chunks if the token budget is small): the last step's logits are those after
   // the last prompt token.
   std::vector<float> logits;
-  while (!engine.is_finished()) engine.step(nullptr, &logits);
+  while (!engine.is_finished()) engine.step(&logits);
   std::string out = "[";
   for (size_t i = 0; i < logits.size(); i++) {
     if (i) out += ',';

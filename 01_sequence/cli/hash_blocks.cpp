@@ -1,4 +1,5 @@
-// hash_blocks_cli.cpp: `nanovllm hash-blocks [--block-size N]`.
+// hash_blocks.cpp: `nanovllm hash-blocks [--block-size N]`, the prefix-cache hashes of chapter 03
+// (nano-vllm: engine/block_manager.py, compute_hash).
 //
 // stdin: JSON Lines, each an array of token ids. stdout: for each line, a JSON array with the chained
 // prefix-cache hash of every *full* block of block_size tokens, as decimal unsigned 64-bit numbers, the

@@ -1,5 +1,5 @@
-// main.cpp: build/nanovllm, the command line. It only dispatches: each subcommand lives beside the
-// chapter it shows (hash-blocks in 03, tokenize in 01, ...).
+// main.cpp: build/nanovllm, the command line. It only dispatches to the subcommands, one file each in
+// 01_sequence/cli/.
 //
 // Exit codes: 0 success, 1 failure (bad file, bad request), 2 usage error. Errors are one stderr line
 // "error: ...".

@@ -1,4 +1,5 @@
-// random_model_cli.cpp: `nanovllm random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]`.
+// random_model.cpp: `nanovllm random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]`
+// (04_model_runner/checkpoint/random_model.h writes the checkpoint).
 //
 // Writes a Hugging Face style checkpoint folder with random bf16 weights in the exact shape of a real
 // Qwen3 model (see random_model.h), for benchmarks and tests without downloading weights:

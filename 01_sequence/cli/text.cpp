@@ -1,4 +1,5 @@
-// text_cli.cpp: the command-line subcommands of chapter 01's text side (DESIGN.md, "The command line").
+// text.cpp: the text subcommands: tokenize, detokenize, chat-template, bench-tokenizer (what nano-vllm
+// gets from Hugging Face's AutoTokenizer).
 //
 //   nanovllm tokenize      [--tokenizer DIR]  stdin: JSON Lines of strings  -> one JSON array of ids per line
 //   nanovllm detokenize    [--tokenizer DIR]  stdin: JSON Lines of id arrays -> one JSON string per line

@@ -124,7 +124,7 @@ TEST(Ch04_Config, EveryMissingRequiredFieldIsNamed) {
   EXPECT_EQ(load_error(dir, without(base_config(), "rope_parameters")),
             path + ": missing field 'rope_parameters.rope_theta' (or 'rope_theta')");
   EXPECT_EQ(error_of([&] { ModelConfig::load(dir / "nowhere"); }),
-            dir / "nowhere/config.json" + ": cannot read: not a regular file");
+            dir / "nowhere/config.json" + ": cannot read: No such file or directory");
 }
 
 TEST(Ch04_Config, EveryMistypedFieldIsNamed) {

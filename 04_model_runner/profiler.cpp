@@ -1,0 +1,135 @@
+// profiler.cpp: ProfiledBackend (time every operation) and the copy-bandwidth roofline.
+#include "04_model_runner/profiler.h"
+
+#include <chrono>
+#include <map>
+
+#include "01_sequence/base/cuda_utils.h"
+
+namespace nanovllm {
+
+struct ProfiledBackend::Timer {
+  std::string label;
+  std::chrono::steady_clock::time_point host_start, host_stop;  // CPU
+#ifdef NANOVLLM_CUDA
+  cudaEvent_t start = nullptr, stop = nullptr;                 // GPU
+  ~Timer() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+#endif
+  double milliseconds() const {
+#ifdef NANOVLLM_CUDA
+    if (start) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      return ms;
+    }
+#endif
+    return std::chrono::duration<double, std::milli>(host_stop - host_start).count();
+  }
+};
+
+ProfiledBackend::ProfiledBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+ProfiledBackend::~ProfiledBackend() = default;
+
+template <class F>
+void ProfiledBackend::timed(std::string label, F&& op) {
+  auto t = std::make_unique<Timer>();
+  t->label = std::move(label);
+#ifdef NANOVLLM_CUDA
+  if (cudaStream_t stream = static_cast<cudaStream_t>(inner_->stream())) {
+    CUDA_CHECK(cudaEventCreate(&t->start));
+    CUDA_CHECK(cudaEventCreate(&t->stop));
+    CUDA_CHECK(cudaEventRecord(t->start, stream));
+    op();
+    CUDA_CHECK(cudaEventRecord(t->stop, stream));
+    timers_.push_back(std::move(t));
+    return;
+  }
+#endif
+  t->host_start = std::chrono::steady_clock::now();
+  op();
+  t->host_stop = std::chrono::steady_clock::now();
+  timers_.push_back(std::move(t));
+}
+
+std::vector<OpTime> ProfiledBackend::report() {
+  inner_->synchronize();  // every event has happened
+  std::map<std::string, OpTime> by_label;
+  for (const auto& t : timers_) {
+    OpTime& sum = by_label[t->label];
+    sum.label = t->label, sum.calls++, sum.milliseconds += t->milliseconds();
+  }
+  timers_.clear();
+  std::vector<OpTime> out;
+  for (auto& entry : by_label) out.push_back(entry.second);
+  return out;
+}
+
+void ProfiledBackend::embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) {
+  timed("embedding", [&] { inner_->embedding(out, table, ids, vocab_start); });
+}
+void ProfiledBackend::rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps) {
+  timed("rmsnorm", [&] { inner_->rmsnorm(out, x, weight, eps); });
+}
+void ProfiledBackend::add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& x, const Tensor& weight,
+                                  float eps) {
+  timed("add_rmsnorm", [&] { inner_->add_rmsnorm(out, residual, x, weight, eps); });
+}
+void ProfiledBackend::linear(const Tensor& out, const Tensor& x, const Tensor& weight) {
+  const std::string label = "linear " + std::to_string(x.rows()) + "x" + std::to_string(weight.shape[1]) + "->" +
+                            std::to_string(weight.shape[0]);
+  timed(label, [&] { inner_->linear(out, x, weight); });
+}
+void ProfiledBackend::qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                   const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                                   const HeadLayout& heads, float eps) {
+  timed("qk_norm_rope", [&] { inner_->qk_norm_rope(qkv, q_norm, k_norm, positions, cos, sin, heads, eps); });
+}
+void ProfiledBackend::store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
+                                    const Tensor& slot_mapping, const HeadLayout& heads) {
+  timed("store_kvcache", [&] { inner_->store_kvcache(k_cache, v_cache, qkv, slot_mapping, heads); });
+}
+void ProfiledBackend::attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                                const AttentionMetadata& meta, const AttentionShape& shape) {
+  timed(meta.is_prefill ? "attention prefill" : "attention decode",
+        [&] { inner_->attention(out, qkv, k_cache, v_cache, meta, shape); });
+}
+void ProfiledBackend::silu_and_mul(const Tensor& out, const Tensor& gate_up) {
+  timed("silu_and_mul", [&] { inner_->silu_and_mul(out, gate_up); });
+}
+void ProfiledBackend::gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) {
+  timed("gather_rows", [&] { inner_->gather_rows(out, x, rows); });
+}
+void ProfiledBackend::sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) {
+  timed("sample", [&] { inner_->sample(tokens, logits, rows); });
+}
+
+double measure_copy_bandwidth() {
+#ifdef NANOVLLM_CUDA
+  if (!cuda_device_present()) return 0;
+  const size_t bytes = size_t(1) << 30;
+  Buffer a(Device::CUDA, bytes), b(Device::CUDA, bytes);
+  CUDA_CHECK(cudaMemset(a.data(), 1, bytes));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));  // warm-up
+  const int reps = 10;
+  CUDA_CHECK(cudaEventRecord(start));
+  for (int i = 0; i < reps; i++)
+    CUDA_CHECK(cudaMemcpyAsync(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes,
+                               cudaMemcpyDeviceToDevice));
+  CUDA_CHECK(cudaEventRecord(stop));
+  CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return 2.0 * double(bytes) * reps / (ms * 1e-3) / 1e9;  // each copy reads and writes `bytes`
+#else
+  return 0;
+#endif
+}
+
+}  // namespace nanovllm

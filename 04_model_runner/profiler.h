@@ -1,0 +1,76 @@
+// profiler.h: timing the model's operations one by one, for `nanovllm bench --profile` and
+// `nanovllm bench-step` (a tool beside the engine: a normal run never constructs one).
+//
+// ProfiledBackend wraps the runner's Backend and forwards every operation, timing each: with CUDA
+// events on the backend's stream on the GPU (kernel time, launch gaps excluded), with the host clock on
+// the CPU (where an operation has finished when it returns). Times are summed per label:
+//   "linear 256x1024->4096" (rows x in -> out), "attention decode", "add_rmsnorm", ...
+// Under a CUDA graph replay no operation runs one by one: profile eager steps only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "04_model_runner/backend.h"
+
+namespace nanovllm {
+
+struct OpTime {
+  std::string label;
+  int calls = 0;
+  double milliseconds = 0;
+};
+
+class ProfiledBackend final : public Backend {
+ public:
+  explicit ProfiledBackend(std::unique_ptr<Backend> inner);
+  ~ProfiledBackend() override;
+
+  // The time of every operation since the last report, summed per label (sorted by label); clears them.
+  std::vector<OpTime> report();
+
+  Device device() const override { return inner_->device(); }
+  DType act_dtype() const override { return inner_->act_dtype(); }
+  void upload(const Tensor& dst, const void* host) override { inner_->upload(dst, host); }
+  void download(void* host, const Tensor& src) override { inner_->download(host, src); }
+  void synchronize() override { inner_->synchronize(); }
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const override { inner_->memory_info(free_bytes, total_bytes); }
+  bool supports_graphs() const override { return inner_->supports_graphs(); }
+  void begin_capture() override { inner_->begin_capture(); }
+  int end_capture() override { return inner_->end_capture(); }
+  void replay(int graph) override { inner_->replay(graph); }
+  void* stream() const override { return inner_->stream(); }
+  size_t attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) const override {
+    return inner_->attention_scratch_bytes(max_seqs, max_context_len, s);
+  }
+
+  void embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) override;
+  void rmsnorm(const Tensor& out, const Tensor& x, const Tensor& weight, float eps) override;
+  void add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& x, const Tensor& weight,
+                   float eps) override;
+  void linear(const Tensor& out, const Tensor& x, const Tensor& weight) override;
+  void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
+                    const Tensor& cos, const Tensor& sin, const HeadLayout& heads, float eps) override;
+  void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
+                     const HeadLayout& heads) override;
+  void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionMetadata& meta, const AttentionShape& shape) override;
+  void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;
+  void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override;
+  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override;
+
+ private:
+  struct Timer;  // one timed call: two CUDA events, or two host clock readings
+  template <class F>
+  void timed(std::string label, F&& op);
+
+  std::unique_ptr<Backend> inner_;
+  std::vector<std::unique_ptr<Timer>> timers_;  // calls since the last report, in order
+};
+
+// Device-to-device copy bandwidth in GB/s (bytes read + written per second) on CUDA device 0, the
+// roofline for memory-bound kernels: ten 1 GiB copies timed with CUDA events. 0 without a GPU.
+double measure_copy_bandwidth();
+
+}  // namespace nanovllm
