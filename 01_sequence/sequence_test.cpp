@@ -1,0 +1,135 @@
+// Chapter 01's subject: Sequence and its counters, SamplingParams and EngineConfig validation, and the
+// entry (LLMEngine: add_request, step, generate) on a tiny golden checkpoint on the CPU. The numbers are
+// worked by hand from nano-vllm's definitions (engine/sequence.py, engine/llm_engine.py).
+#include "01_sequence/sequence.h"
+
+#include <gtest/gtest.h>
+
+#include "01_sequence/engine_config.h"
+#include "01_sequence/llm_engine.h"
+#include "tests/test_util.h"
+
+using namespace nanovllm;
+using namespace nanovllm::test;
+
+namespace {
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+EngineConfig tiny_engine() {
+  EngineConfig c;
+  c.model = golden_dir("tiny-qwen3-a");
+  c.device = "cpu";
+  c.kvcache_block_size = 16;
+  c.num_kvcache_blocks = 64;
+  return c;
+}
+
+}  // namespace
+
+TEST(Ch01_Sequence, BlocksOfTokens) {
+  // 40 tokens in blocks of 16: blocks [0,16) [16,32) [32,40), the last holding 8.
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; i++) prompt[size_t(i)] = 100 + i;
+  Sequence seq(7, prompt, greedy(4), 0, 16);
+  EXPECT_EQ(seq.num_tokens(), 40);
+  EXPECT_EQ(seq.num_prompt_tokens, 40);
+  EXPECT_EQ(seq.num_completion_tokens(), 0);
+  EXPECT_EQ(seq.num_blocks(), 3);
+  EXPECT_EQ(seq.last_block_num_tokens(), 8);
+  EXPECT_EQ(seq.block(1)[0], 116);
+  EXPECT_EQ(seq.block(2)[7], 139);
+  EXPECT_EQ(seq.last_token, 139);
+  EXPECT_EQ(seq.status, SequenceStatus::WAITING);
+  EXPECT_EQ(seq.num_cached_tokens, 0);
+  EXPECT_TRUE(seq.block_table.empty());
+}
+
+TEST(Ch01_Sequence, AppendingCrossesABlockBoundary) {
+  // 32 tokens fill two blocks exactly; the 33rd opens a third holding 1 token.
+  Sequence seq(0, std::vector<int32_t>(32, 5), greedy(4), 0, 16);
+  EXPECT_EQ(seq.num_blocks(), 2);
+  EXPECT_EQ(seq.last_block_num_tokens(), 16);
+  seq.append_token(9);
+  EXPECT_EQ(seq.num_blocks(), 3);
+  EXPECT_EQ(seq.last_block_num_tokens(), 1);
+  EXPECT_EQ(seq.last_token, 9);
+  EXPECT_EQ(seq.num_completion_tokens(), 1);
+  EXPECT_EQ(seq.completion_token_ids(), std::vector<int32_t>{9});
+}
+
+TEST(Ch01_Sequence, BadRequestsAreNamed) {
+  EXPECT_EQ(error_of([] { Sequence(3, {}, greedy(1), 0, 16); }), "request 3: the prompt is empty");
+  SamplingParams p = greedy(1);
+  p.temperature = -1;
+  EXPECT_EQ(error_of([&] { Sequence(0, {1}, p, 0, 16); }), "temperature must be >= 0 (0 = greedy), got -1");
+}
+
+TEST(Ch01_SamplingParams, ValidationNamesTheField) {
+  SamplingParams p;
+  EXPECT_EQ(error_of([&] { p.validate(); }), "");
+  p.max_tokens = 0;
+  EXPECT_EQ(error_of([&] { p.validate(); }), "max_tokens must be >= 1, got 0");
+  p = SamplingParams();
+  p.top_k = -2;
+  EXPECT_EQ(error_of([&] { p.validate(); }), "top_k must be >= 0 (0 = off), got -2");
+  p = SamplingParams();
+  p.top_p = 0;
+  EXPECT_NE(error_of([&] { p.validate(); }).find("top_p must be in (0, 1]"), std::string::npos);
+  p = SamplingParams();
+  p.temperature = 0;
+  EXPECT_TRUE(p.is_greedy());
+}
+
+TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
+  EngineConfig c;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "");
+  c.kvcache_block_size = 24;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "block size must be a positive multiple of 16, got 24");
+  c = EngineConfig();
+  c.tensor_parallel_size = 9;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "tensor_parallel_size must be in [1, 8], got 9");
+  c = EngineConfig();
+  c.device = "tpu";
+  EXPECT_EQ(error_of([&] { c.validate(); }), "device must be cpu or cuda, got 'tpu'");
+}
+
+TEST(Ch01_LLMEngine, StepCountsTokensLikeNanoVllm) {
+  // nano-vllm's step() returns the prefill's token count, or minus the number of sequences in decode.
+  LLMEngine engine(tiny_engine());
+  engine.add_request({1, 2, 3, 4, 5}, greedy(3));
+  engine.add_request({6, 7}, greedy(3));
+  auto [finished, num_tokens] = engine.step();  // one prefill step for both prompts
+  EXPECT_TRUE(finished.empty());
+  EXPECT_EQ(num_tokens, 7);
+  std::tie(finished, num_tokens) = engine.step();  // a decode step of two sequences
+  EXPECT_EQ(num_tokens, -2);
+  std::tie(finished, num_tokens) = engine.step();  // the third token: both finish
+  ASSERT_EQ(finished.size(), 2u);
+  EXPECT_EQ(finished[0].token_ids.size(), 3u);
+  EXPECT_TRUE(engine.is_finished());
+}
+
+TEST(Ch01_LLMEngine, GenerateReturnsOutputsInPromptOrder) {
+  // The same prompt alone and inside a batch gives the same greedy tokens, in its own slot.
+  LLMEngine engine(tiny_engine());
+  const std::vector<int32_t> a = {11, 12, 13, 14}, b = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  std::vector<GenerateOutput> alone = engine.generate(std::vector<std::vector<int32_t>>{b}, {greedy(5)});
+  std::vector<GenerateOutput> both = engine.generate(std::vector<std::vector<int32_t>>{a, b}, {greedy(5)});
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[0].prompt_token_ids, a);
+  EXPECT_EQ(both[1].prompt_token_ids, b);
+  EXPECT_EQ(both[1].token_ids, alone[0].token_ids);
+}
+
+TEST(Ch01_LLMEngine, AddRequestRefusesIdsOutsideTheVocabulary) {
+  LLMEngine engine(tiny_engine());
+  EXPECT_EQ(error_of([&] { engine.add_request({1, 512}, greedy(1)); }),
+            "request 0: token id 512 is outside the vocabulary [0, 512)");
+  EXPECT_TRUE(engine.is_finished());  // nothing was queued
+}
