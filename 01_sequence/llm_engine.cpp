@@ -1,12 +1,11 @@
 // llm_engine.cpp: LLMEngine's constructor, add_request, step and generate (nano-vllm: engine/llm_engine.py).
 #include "01_sequence/llm_engine.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <sstream>
 
 #include "01_sequence/base/files.h"
+#include "01_sequence/base/log.h"
 #include "01_sequence/tokenizer/tokenizer.h"
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
@@ -27,6 +26,15 @@ LLMEngine::LLMEngine(EngineConfig config) : config_(std::move(config)) {
 }
 
 LLMEngine::~LLMEngine() = default;
+
+std::string LLMEngine::describe() const {
+  char line[160];
+  std::snprintf(line, sizeof line, "device %s: %d KV blocks of %d tokens (%.1f MiB)%s", config_.device.c_str(),
+                config_.num_kvcache_blocks, config_.kvcache_block_size,
+                double(model_runner_->kv_cache_bytes()) / (1 << 20),
+                model_runner_->graph_batch_sizes().empty() ? "" : ", CUDA graphs for decode");
+  return line;
+}
 
 int LLMEngine::vocab_size() const { return model_runner_->model_config().vocab_size; }
 
@@ -49,12 +57,15 @@ int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams
 
 std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* logits) {
   const int64_t preemptions_before = scheduler_->num_preemptions();
+  std::map<int64_t, int> hits_before;  // for --trace: prefix-cache hits of each request before this step
+  if (config_.trace)
+    for (const auto& [id, seq] : sequences_) hits_before[id] = seq->num_prefix_hit_blocks;
   auto t0 = std::chrono::steady_clock::now();
   auto [seqs, is_prefill] = scheduler_->schedule();
   int scheduled_tokens = 0;
   int64_t context_tokens = 0;
   for (const Sequence* s : seqs) scheduled_tokens += s->num_scheduled_tokens, context_tokens += s->num_tokens();
-  std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before) : "";
+  std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before, hits_before) : "";
 
   std::vector<int32_t> tokens = model_runner_->run(seqs, is_prefill, logits);
   scheduler_->postprocess(seqs, tokens, is_prefill);
@@ -67,7 +78,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     stats_.decode_steps++, stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
     stats_.decode_context_tokens += context_tokens;
   }
-  if (!trace.empty()) std::fprintf(stderr, "%s\n", trace.c_str());
+  if (!trace.empty()) log("%s", trace.c_str());
 
   std::vector<GenerateOutput> finished;
   for (Sequence* s : seqs) {
@@ -85,8 +96,8 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   return {std::move(finished), is_prefill ? scheduled_tokens : -int(seqs.size())};
 }
 
-std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_prefill,
-                                  int64_t preemptions_before) const {
+std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before,
+                                  const std::map<int64_t, int>& hits_before) const {
   // Called after schedule(), before the step runs: counters still show what this step will compute.
   std::ostringstream line;
   int tokens = 0;
@@ -99,7 +110,8 @@ std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_pr
       line << " seq " << s->seq_id << " [" << s->num_cached_tokens << ", " << s->num_cached_tokens + s->num_scheduled_tokens
            << ")";
       if (s->num_cached_tokens + s->num_scheduled_tokens < s->num_tokens()) line << " chunk of " << s->num_tokens();
-      if (s->num_prefix_hit_blocks > 0) line << " prefix-hit " << s->num_prefix_hit_blocks << " blocks";
+      const int hits = s->num_prefix_hit_blocks - hits_before.at(s->seq_id);  // found in this step's allocation
+      if (hits > 0) line << " prefix-hit " << hits << " blocks";
       line << ";";
     }
   }
@@ -117,20 +129,22 @@ std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::vector<in
   std::vector<int64_t> ids;
   for (size_t i = 0; i < prompts.size(); i++) ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
 
+  if (progress) log("%s", describe().c_str());
   std::map<int64_t, GenerateOutput> done;
-  const bool draw = progress && isatty(STDERR_FILENO);
   while (!is_finished()) {
     auto t0 = std::chrono::steady_clock::now();
     auto [finished, num_tokens] = step();
     for (GenerateOutput& out : finished) done[out.seq_id] = std::move(out);
-    if (draw) {
+    if (progress) {
       // nano-vllm's tqdm postfix: instantaneous rates of this step, scheduling time included.
-      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "\rGenerating: %zu/%zu [%s: %d tok/s]   ", done.size(), prompts.size(),
-                   num_tokens > 0 ? "Prefill" : "Decode", int((num_tokens > 0 ? num_tokens : -num_tokens) / dt));
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      char line[128];
+      std::snprintf(line, sizeof line, "Generating: %zu/%zu [%s: %d tok/s]", done.size(), prompts.size(),
+                    num_tokens > 0 ? "Prefill" : "Decode", int((num_tokens > 0 ? num_tokens : -num_tokens) / dt));
+      show_progress(line);
     }
   }
-  if (draw) std::fprintf(stderr, "\n");
+  if (progress) end_progress();
   std::vector<GenerateOutput> outputs;
   for (int64_t id : ids) outputs.push_back(std::move(done.at(id)));
   return outputs;

@@ -60,7 +60,9 @@ class LLMEngine {
   std::pair<std::vector<GenerateOutput>, int> step(std::vector<float>* logits = nullptr);
 
   // Runs prompts to completion; outputs in prompt order. params has one entry per prompt, or one for all.
-  // progress: redraw a one-line progress bar on stderr (as nano-vllm's tqdm bar).
+  // progress: once every request is accepted, print describe() and then redraw a one-line progress bar
+  // on stderr when it is a terminal (as nano-vllm's tqdm bar); lines printed with log() (base/log.h)
+  // appear above it, never glued to it.
   std::vector<GenerateOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
                                        const std::vector<SamplingParams>& params, bool progress = false);
   // The same for text prompts, encoded with the tokenizer (nano-vllm's add_request(str)).
@@ -70,6 +72,10 @@ class LLMEngine {
   // The tokenizer of the model folder (or config.tokenizer), or nullptr when there is none.
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
+  // One line for the user: where the engine runs and what KV cache it got, e.g.
+  //   device cpu: 6 KV blocks of 16 tokens (0.3 MiB)
+  std::string describe() const;
+
   const EngineConfig& config() const { return config_; }
   const EngineStats& stats() const { return stats_; }
   const Scheduler& scheduler() const { return *scheduler_; }
@@ -77,7 +83,8 @@ class LLMEngine {
   int vocab_size() const;
 
  private:
-  std::string trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before) const;
+  std::string trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before,
+                         const std::map<int64_t, int>& hits_before) const;
 
   EngineConfig config_;
   std::unique_ptr<ModelRunner> model_runner_;

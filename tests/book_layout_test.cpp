@@ -1,5 +1,5 @@
-// The book's shape, checked from the sources: calls flow along the reading order (DESIGN.md's chapter
-// rules, and the Makefile's deps_NN lines).
+// The book's shape, checked from the sources: calls flow along the reading order (the chapter rules in
+// README.md, and the Makefile's deps_NN lines).
 //
 //   01_sequence/base/            includes only base/ (errors, JSON, files, bf16, CUDA checks)
 //   01_sequence/{sequence,sampling_params,engine_config}.h   the shared data types: base/ and each other

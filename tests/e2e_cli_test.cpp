@@ -1,4 +1,4 @@
-// The command line's contract (DESIGN.md): outputs, exit codes, and one-line errors. These tests run
+// The command line's contract (README.md, "Command line"): outputs, exit codes, and one-line errors. These tests run
 // build/nanovllm as a user would.
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // flags.h: the command line's flag parser, shared by every subcommand of build/nanovllm, and the
 // subcommands main() dispatches to.
 //
-// The contract (DESIGN.md): errors go to stderr as one line "error: ...", exit code 2 for a usage error
+// The contract (README.md, "Command line"): errors go to stderr as one line "error: ...", exit code 2 for a usage error
 // (unknown flag, missing or malformed value) and 1 for any other failure.
 #pragma once
 

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "01_sequence/base/files.h"
+#include "01_sequence/base/log.h"
 #include "01_sequence/cli/flags.h"
 #include "01_sequence/base/json.h"
 #include "01_sequence/llm_engine.h"
@@ -143,8 +144,8 @@ int cmd_generate(const Flags& flags) {
     }
   }
   const EngineStats& s = engine.stats();
-  std::fprintf(stderr, "%zu requests: %lld tokens computed in %lld prefill steps (%.0f tok/s), %lld decode tokens in %lld steps (%.0f tok/s)\n",
-               outputs.size(), (long long)s.prefill_tokens, (long long)s.prefill_steps,
+  std::fprintf(stderr, "%zu request%s: %lld tokens computed in %lld prefill steps (%.0f tok/s), %lld decode tokens in %lld steps (%.0f tok/s)\n",
+               outputs.size(), outputs.size() == 1 ? "" : "s", (long long)s.prefill_tokens, (long long)s.prefill_steps,
                s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0, (long long)s.decode_tokens,
                (long long)s.decode_steps, s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
   if (engine.scheduler().num_preemptions() || engine.scheduler().block_manager().total_hit_blocks())
@@ -163,6 +164,7 @@ int cmd_logits(const Flags& flags) {
   greedy.temperature = 0;
   greedy.max_tokens = 1;
   engine.add_request(prompt, greedy);
+  log("%s", engine.describe().c_str());
   // Prefill the prompt (in chunks if the token budget is small): the last step's logits are those after
   // the last prompt token.
   std::vector<float> logits;

@@ -21,7 +21,7 @@ struct Command {
   const char* usage;
 };
 
-// Flags every engine command takes (DESIGN.md "engine options").
+// Flags every engine command takes (the "engine options" of README.md).
 const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs", "max-num-batched-tokens",
                                                "max-model-len", "gpu-memory-utilization", "block-size",
                                                "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer"};
