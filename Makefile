@@ -7,10 +7,14 @@
 #   make help               list every target
 #
 # Variables: CXX, NVCC (empty = CPU only), CUDA_ARCH (e.g. `make CUDA_ARCH=90`), BUILD, SANITIZE=1.
+# Builds run in parallel on every core unless you give -jN yourself.
 
 .DEFAULT_GOAL := all
 SHELL := /bin/bash
 BUILD ?= build
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 
 # ---------------------------------------------------------------------------------------------------
 # Compilers and flags
@@ -31,6 +35,8 @@ endif
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 # Compute capabilities to build machine code for: A100 (80), A10/3090 (86), L4/4090 (89), H100/H200 (90).
 CUDA_ARCH ?= 80 86 89 90
+# Say why a build has no CUDA: `make NVCC=` asked for it, or nvcc is not installed.
+NO_CUDA_REASON := $(if $(filter command line,$(origin NVCC)),NVCC= given,nvcc not found)
 ifneq ($(strip $(NVCC)),)
   WITH_CUDA := 1
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -85,13 +91,21 @@ TEST_BINS  := $(foreach c,$(CHAPTERS),$(BUILD)/test_ch$(c)) $(if $(E2E_SRCS),$(B
 TOKENIZER_DIR := $(BUILD)/data/qwen3-tokenizer
 DATA := $(TOKENIZER_DIR)/tokenizer.json $(TOKENIZER_DIR)/tokenizer_config.json
 
+# Every object depends on a record of the flags it was built with: switching between `make` and `make
+# NVCC=` (or changing CUDA_ARCH, CXXFLAGS, ...) in one tree rebuilds everything instead of linking
+# objects built for the other configuration.
+FLAGS_RECORD := $(BUILD)/flags
+$(shell mkdir -p $(BUILD))
+$(file >$(FLAGS_RECORD).new,$(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(LDLIBS))
+$(shell cmp -s $(FLAGS_RECORD).new $(FLAGS_RECORD) && rm -f $(FLAGS_RECORD).new || mv $(FLAGS_RECORD).new $(FLAGS_RECORD))
+
 # ---------------------------------------------------------------------------------------------------
 # Targets
 
 ## all: build build/nanovllm (and say whether CUDA is in it)
 all: $(BUILD)/nanovllm $(DATA)
 	@if [ -n "$(WITH_CUDA)" ]; then echo "built $(BUILD)/nanovllm with CUDA ($(NVCC), sm $(CUDA_ARCH))"; \
-	 else echo "built $(BUILD)/nanovllm for the CPU only (nvcc not found)"; fi
+	 else echo "built $(BUILD)/nanovllm for the CPU only ($(NO_CUDA_REASON))"; fi
 
 $(BUILD)/nanovllm: $(MAIN_OBJ) $(ALL_OBJS)
 	$(CXX) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -102,13 +116,16 @@ RUN_BINS := $(if $(SELECTED),$(foreach c,$(SELECTED),$(BUILD)/test_ch$(c)),$(TES
 
 ## chapter-NN: build chapter NN, the chapters it depends on, and its test binary
 chapter-%: $(BUILD)/test_ch% $(DATA)
-	@echo "chapter $*: built (depends on: $(or $(deps_$*),nothing))"
+	@echo "chapter $*: built (depends on: $(or $(deps_$*),only the base utilities))"
+	@if [ -e $(BUILD)/nanovllm ] && [ -n "$$(find $(BUILD)/obj -name '*.o' -newer $(BUILD)/nanovllm | head -1)" ]; then \
+	  echo "note: $(BUILD)/nanovllm is older than what was just built; run make to bring your change into it"; fi
 
 ## test: run the tests (after chapter-NN: only that chapter's suites)
 test: $(RUN_BINS) $(if $(SELECTED),,$(BUILD)/nanovllm) $(DATA)
 	@set -e; for t in $(RUN_BINS); do \
 	  case $${t##*/} in test_ch*) filter="Ch$${t##*/test_ch}_*";; test_e2e) filter='E2E_*';; *) filter='Book_*';; esac; \
-	  echo "== $$t --gtest_filter=$$filter"; $$t --gtest_filter="$$filter" --gtest_brief=1; done
+	  brief=--gtest_brief=1; [ "$${t##*/}" = test_e2e ] && brief=; \
+	  echo "== $$t --gtest_filter=$$filter"; $$t --gtest_filter="$$filter" $$brief; done
 
 ## sanitize: build everything with AddressSanitizer + UBSan (CPU only) in build-sanitize/ and run the tests
 sanitize:
@@ -139,11 +156,11 @@ $(BUILD)/test_e2e: $(patsubst %,$(BUILD)/obj/%.o,$(E2E_SRCS)) $(ALL_OBJS)
 $(BUILD)/test_book: $(patsubst %,$(BUILD)/obj/%.o,$(BOOK_SRCS)) $(BASE_OBJS)
 	$(CXX) $(LDFLAGS) -o $@ $^ -lgtest_main -lgtest $(LDLIBS)
 
-$(BUILD)/obj/%.cpp.o: %.cpp
+$(BUILD)/obj/%.cpp.o: %.cpp $(FLAGS_RECORD)
 	@mkdir -p $(@D)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -c -o $@ $<
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(FLAGS_RECORD)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 

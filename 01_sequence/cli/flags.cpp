@@ -18,15 +18,23 @@ Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
   for (int i = 0; i < argc; i++) {
     std::string arg = argv[i];
     if (arg.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + arg + "'");
-    std::string name = arg.substr(2);
+    // --name value, or --name=value.
+    std::string name = arg.substr(2), value;
+    const size_t equals = name.find('=');
+    const bool inline_value = equals != std::string::npos;
+    if (inline_value) value = name.substr(equals + 1), name = name.substr(0, equals);
     if (contains(switches, name)) {
+      if (inline_value) throw UsageError("flag --" + name + " takes no value");
       values_[name].push_back("");
     } else if (contains(value_flags, name)) {
-      if (i + 1 >= argc) throw UsageError("flag " + arg + " needs a value");
-      values_[name].push_back(argv[++i]);
-      in_order_.emplace_back(name, argv[i]);
+      if (!inline_value) {
+        if (i + 1 >= argc) throw UsageError("flag " + arg + " needs a value");
+        value = argv[++i];
+      }
+      values_[name].push_back(value);
+      in_order_.emplace_back(name, value);
     } else {
-      throw UsageError("unknown flag '" + arg + "'");
+      throw UsageError("unknown flag '--" + name + "'");
     }
   }
 }

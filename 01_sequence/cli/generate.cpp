@@ -86,7 +86,11 @@ SamplingParams sampling_from(const Flags& f) {
   p.top_k = int(f.get_int("top-k", p.top_k, INT32_MIN, INT32_MAX));
   p.top_p = float(f.get_double("top-p", p.top_p, -1e30, 1e30));
   p.ignore_eos = f.has("ignore-eos");
-  p.validate();  // "temperature must be >= 0 ...": exit 1, naming the value
+  try {
+    p.validate();  // "temperature must be >= 0 ...", naming the value
+  } catch (const Error& e) {
+    throw UsageError(e.what());  // an option's value: exit 2, as every usage error
+  }
   return p;
 }
 
@@ -144,10 +148,14 @@ int cmd_generate(const Flags& flags) {
     }
   }
   const EngineStats& s = engine.stats();
-  std::fprintf(stderr, "%zu request%s: %lld tokens computed in %lld prefill steps (%.0f tok/s), %lld decode tokens in %lld steps (%.0f tok/s)\n",
-               outputs.size(), outputs.size() == 1 ? "" : "s", (long long)s.prefill_tokens, (long long)s.prefill_steps,
-               s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0, (long long)s.decode_tokens,
-               (long long)s.decode_steps, s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
+  auto s_if = [](int64_t n) { return n == 1 ? "" : "s"; };  // "1 request", "2 requests"
+  std::fprintf(stderr,
+               "%zu request%s: %lld tokens computed in %lld prefill step%s (%.0f tok/s), %lld decode tokens in %lld "
+               "step%s (%.0f tok/s)\n",
+               outputs.size(), s_if(int64_t(outputs.size())), (long long)s.prefill_tokens, (long long)s.prefill_steps,
+               s_if(s.prefill_steps), s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
+               (long long)s.decode_tokens, (long long)s.decode_steps, s_if(s.decode_steps),
+               s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
   if (engine.scheduler().num_preemptions() || engine.scheduler().block_manager().total_hit_blocks())
     std::fprintf(stderr, "prefix cache: %lld blocks hit; preemptions: %lld\n",
                  (long long)engine.scheduler().block_manager().total_hit_blocks(),

@@ -72,13 +72,16 @@ const std::vector<Command>& commands() {
   return table;
 }
 
+const char* const kEngineOptionsHelp =
+    "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
+    "                --gpu-memory-utilization F --block-size N (multiple of 16) --kv-cache-blocks N\n"
+    "                --enforce-eager --tensor-parallel-size N --seed S --trace\n"
+    "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
+
 void print_usage(FILE* out) {
   std::fprintf(out, "usage: nanovllm COMMAND [flags]\n\ncommands:\n");
   for (const Command& c : commands()) std::fprintf(out, "  %s\n", c.usage);
-  std::fprintf(out,
-               "\nengine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
-               "                --gpu-memory-utilization F --block-size N (multiple of 16) --kv-cache-blocks N\n"
-               "                --enforce-eager --tensor-parallel-size N --seed S --trace\n");
+  std::fprintf(out, "\n%s", kEngineOptionsHelp);
 }
 
 }  // namespace
@@ -94,6 +97,13 @@ int main(int argc, char** argv) {
   }
   for (const Command& c : commands()) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
+    for (int i = 2; i < argc; i++) {
+      if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+        std::printf("usage: nanovllm %s\n", c.usage);
+        if (c.value_flags.size() > 5) std::printf("\n%s", kEngineOptionsHelp);
+        return 0;
+      }
+    }
     try {
       nanovllm::Flags flags(argc - 2, argv + 2, c.value_flags, c.switches);
       return c.run(flags);
