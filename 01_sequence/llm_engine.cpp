@@ -111,7 +111,7 @@ std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_pr
            << ")";
       if (s->num_cached_tokens + s->num_scheduled_tokens < s->num_tokens()) line << " chunk of " << s->num_tokens();
       const int hits = s->num_prefix_hit_blocks - hits_before.at(s->seq_id);  // found in this step's allocation
-      if (hits > 0) line << " prefix-hit " << hits << " blocks";
+      if (hits > 0) line << " prefix-hit " << hits << (hits == 1 ? " block" : " blocks");
       line << ";";
     }
   }

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "01_sequence/base/log.h"
+
 namespace nanovllm {
 
 namespace {
@@ -26,6 +28,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
   const int tp = 1, tp_rank = 0;
 
   if (config.device.empty()) config.device = cuda_available() ? "cuda" : "cpu";
+  if (config.device == "cpu" && config.enforce_eager) log("note: --enforce-eager changes nothing on the CPU, which has no CUDA graphs");
   backend_ = config.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
 
   config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);

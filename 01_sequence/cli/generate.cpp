@@ -157,8 +157,9 @@ int cmd_generate(const Flags& flags) {
                (long long)s.decode_tokens, (long long)s.decode_steps, s_if(s.decode_steps),
                s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
   if (engine.scheduler().num_preemptions() || engine.scheduler().block_manager().total_hit_blocks())
-    std::fprintf(stderr, "prefix cache: %lld blocks hit; preemptions: %lld\n",
+    std::fprintf(stderr, "prefix cache: %lld block%s hit; preemptions: %lld\n",
                  (long long)engine.scheduler().block_manager().total_hit_blocks(),
+                 s_if(engine.scheduler().block_manager().total_hit_blocks()),
                  (long long)engine.scheduler().num_preemptions());
   return 0;
 }
