@@ -1,0 +1,56 @@
+// communicator.cpp: the CPU collectives: publish a pointer, meet at a barrier, read the others.
+#include "06_tensor_parallel/communicator.h"
+
+#include <algorithm>
+
+#include "01_sequence/base/common.h"
+
+namespace nanovllm {
+
+void Barrier::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t my_generation = generation_;
+  if (++waiting_ == count_) {  // the last to arrive releases this round and resets for the next
+    waiting_ = 0;
+    generation_++;
+    all_arrived_.notify_all();
+    return;
+  }
+  all_arrived_.wait(lock, [&] { return generation_ != my_generation; });
+}
+
+CpuCommunicator::CpuCommunicator(int world_size)
+    : world_size_(world_size), barrier_(world_size), published_(size_t(world_size), nullptr) {
+  if (world_size < 1) fail("a communicator needs at least one rank, got ", world_size);
+}
+
+void CpuCommunicator::all_reduce(int rank, float* x, int64_t n) {
+  if (world_size_ == 1) return;
+  published_[size_t(rank)] = x;
+  barrier_.wait();  // every rank's partial result is published
+  std::vector<float> sum(size_t(n), 0.0f);
+  for (int r = 0; r < world_size_; r++) {
+    const float* peer = published_[size_t(r)];
+    for (int64_t i = 0; i < n; i++) sum[size_t(i)] += peer[i];
+  }
+  barrier_.wait();  // every rank has read every x: now each may overwrite its own
+  std::copy(sum.begin(), sum.end(), x);
+  // The next collective's first barrier keeps a fast rank from publishing again before a slow one has
+  // copied: nobody passes it until everybody has arrived.
+}
+
+void CpuCommunicator::gather(int rank, const float* shard, int rows, int shard_cols, float* out, int out_cols) {
+  published_[size_t(rank)] = shard;
+  barrier_.wait();  // every shard is published
+  if (rank == 0) {
+    for (int r = 0; r < world_size_; r++) {
+      const int first = r * shard_cols, cols = std::min(shard_cols, out_cols - first);
+      for (int i = 0; i < rows && cols > 0; i++)
+        std::copy(published_[size_t(r)] + int64_t(i) * shard_cols, published_[size_t(r)] + int64_t(i) * shard_cols + cols,
+                  out + int64_t(i) * out_cols + first);
+    }
+  }
+  barrier_.wait();  // rank 0 has read every shard: each rank may overwrite its own
+}
+
+}  // namespace nanovllm
