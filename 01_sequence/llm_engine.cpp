@@ -29,7 +29,9 @@ LLMEngine::~LLMEngine() = default;
 
 std::string LLMEngine::describe() const {
   char line[160];
-  std::snprintf(line, sizeof line, "device %s: %d KV blocks of %d tokens (%.1f MiB)%s", config_.device.c_str(),
+  const int tp = config_.tensor_parallel_size;
+  std::snprintf(line, sizeof line, "device %s%s: %d KV blocks of %d tokens (%.1f MiB)%s", config_.device.c_str(),
+                tp > 1 ? (", " + std::to_string(tp) + " tensor-parallel ranks").c_str() : "",
                 config_.num_kvcache_blocks, config_.kvcache_block_size,
                 double(model_runner_->kv_cache_bytes()) / (1 << 20),
                 model_runner_->graph_batch_sizes().empty() ? "" : ", CUDA graphs for decode");

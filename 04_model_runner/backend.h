@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "04_model_runner/tensor.h"
 #include "05_attention/attention.h"
@@ -31,6 +32,19 @@ struct AttentionMetadata {
   Tensor scratch;           // F32 workspace of the GPU decode kernel (partial results); unused on the CPU
 };
 
+class CpuCommunicator;   // 06_tensor_parallel/communicator.h
+class CudaCommunicator;  // 06_tensor_parallel/all_reduce.h
+
+// The tensor-parallel group of a backend: which rank it is, and what it shares with the other ranks.
+struct RankGroup {
+  int rank = 0, size = 1;
+  CpuCommunicator* cpu = nullptr;   // CPU ranks
+  CudaCommunicator* cuda = nullptr; // GPU ranks
+  // Every rank's activation workspace, carved with the same layout: a tensor at offset o of this rank's
+  // workspace is at offset o of each peer's. The GPU collectives find the peers' copies that way.
+  std::vector<char*> workspaces;
+};
+
 struct HeadLayout {
   int num_heads, num_kv_heads, head_dim;
   int q_dim() const { return num_heads * head_dim; }
@@ -42,6 +56,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  virtual int device_id() const { return -1; }  // the CUDA device number (-1 on the CPU)
   virtual DType act_dtype() const = 0;
   DType weight_dtype() const { return act_dtype(); }
 
@@ -59,6 +74,17 @@ class Backend {
   virtual void begin_capture() {}
   virtual int end_capture() { return -1; }  // an id for replay()
   virtual void replay(int /*graph*/) {}
+
+  // Tensor parallelism. set_rank_group makes this backend rank `group.rank` of a group; all_reduce adds
+  // x (n, cols) act over the ranks, in place, in rank order (every rank gets the same bits); gather gives
+  // rank 0 out (rows, out_cols) F32 = the ranks' shard (rows, shard_cols) F32 side by side, cut at
+  // out_cols. With one rank both are no-ops (gather copies). bind_to_thread makes the backend's device
+  // current on the calling thread (each rank runs on its own thread).
+  virtual void set_rank_group(const RankGroup& group) { group_ = group; }
+  const RankGroup& rank_group() const { return group_; }
+  virtual void all_reduce(const Tensor& x) = 0;
+  virtual void gather(const Tensor& shard, const Tensor& out) = 0;
+  virtual void bind_to_thread() {}
 
   // The CUDA stream every operation is queued on (cudaStream_t), for tools that time them (profiler.h);
   // nullptr on the CPU, where every operation has finished when it returns.
@@ -94,13 +120,17 @@ class Backend {
   virtual void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) = 0;
   // tokens (m,) i32 from logits (m, vocab) F32 and settings (m,) SamplingRow (stored as U8 bytes).
   virtual void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) = 0;
+
+ protected:
+  RankGroup group_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
 
 // The GPU backend on CUDA device `device_id` (only in builds with CUDA). Throws Error when there is none.
 std::unique_ptr<Backend> make_cuda_backend(int device_id);
-// True when this build has CUDA and a CUDA device is present.
+// True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();
+int cuda_device_count();
 
 }  // namespace nanovllm

@@ -4,6 +4,7 @@
 
 #include "04_model_runner/backend.h"
 #include "04_model_runner/layers.h"
+#include "06_tensor_parallel/communicator.h"
 #include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
@@ -68,6 +69,18 @@ class CpuBackend final : public Backend {
   }
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cpu(f32(out), f32(x), i32(rows), int(rows.numel()), int(x.row_size()));
+  }
+  void all_reduce(const Tensor& x) override {
+    if (group_.size > 1) group_.cpu->all_reduce(group_.rank, f32(x), x.numel());
+  }
+  void gather(const Tensor& shard, const Tensor& out) override {
+    if (group_.size > 1) {
+      group_.cpu->gather(group_.rank, f32(shard), int(shard.rows()), int(shard.row_size()),
+                         group_.rank == 0 ? f32(out) : nullptr, int(out.row_size()));
+    } else {
+      for (int64_t i = 0; i < shard.rows(); i++)
+        std::memcpy(f32(out) + i * out.row_size(), f32(shard) + i * shard.row_size(), sizeof(float) * out.row_size());
+    }
   }
   void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override {
     sample_cpu(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),

@@ -29,7 +29,7 @@ float* f32(const Tensor& t) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_id) {
+  explicit CudaBackend(int device_id) : device_id_(device_id) {
     CUDA_CHECK(cudaSetDevice(device_id));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
   }
 
   Device device() const override { return Device::CUDA; }
+  int device_id() const override { return device_id_; }
   DType act_dtype() const override { return DType::BF16; }
 
   void upload(const Tensor& dst, const void* host) override {
@@ -126,12 +127,24 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
   }
+  void all_reduce(const Tensor& x) override {
+    if (group_.size > 1) fail("tensor parallelism on the GPU needs the CUDA all-reduce (not built in)");
+    (void)x;
+  }
+  void gather(const Tensor& shard, const Tensor& out) override {
+    if (group_.size > 1) fail("tensor parallelism on the GPU needs the CUDA all-reduce (not built in)");
+    CUDA_CHECK(cudaMemcpy2DAsync(out.data, out.row_size() * 4, shard.data, shard.row_size() * 4, out.row_size() * 4,
+                                 size_t(out.rows()), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void bind_to_thread() override { CUDA_CHECK(cudaSetDevice(device_id_)); }
+
   void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override {
     sample_cuda(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),
                 rows.as<const SamplingRow>(), stream_);
   }
 
  private:
+  int device_id_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
@@ -147,6 +160,15 @@ std::unique_ptr<Backend> make_cuda_backend(int device_id) {
 
 bool cuda_available() { return cuda_device_present(); }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 }  // namespace nanovllm
 
 #else  // built without CUDA
@@ -156,6 +178,7 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
   fail("--device cuda: this build has no CUDA support (nvcc was not found when it was built)");
 }
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 }  // namespace nanovllm
 
 #endif

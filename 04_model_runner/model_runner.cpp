@@ -9,8 +9,8 @@ namespace nanovllm {
 
 namespace {
 
-// The CPU has no memory figure as telling as the GPU's: give the KV cache a fixed budget unless the user
-// sets --kv-cache-blocks, but always room for one sequence of max_model_len.
+// The CPU has no memory figure as telling as the GPU's: give the KV cache a fixed budget (all ranks
+// together) unless the user sets --kv-cache-blocks, but always room for one sequence of max_model_len.
 constexpr size_t kCpuKvBudgetBytes = size_t(1) << 30;
 // GPU memory kept out of the KV cache for what we do not allocate ourselves: CUDA graphs, the CUDA
 // context's own growth, cuBLAS internals.
@@ -23,14 +23,11 @@ ModelRunner::ModelRunner(EngineConfig& config)
       enforce_eager_(config.enforce_eager),
       checkpoint_(Checkpoint::open(config.model)) {
   ModelConfig mc = ModelConfig::load(config.model);
-  if (config.tensor_parallel_size != 1)
-    fail("tensor_parallel_size ", config.tensor_parallel_size, " is not supported yet (1 only)");
-  const int tp = 1, tp_rank = 0;
+  const int tp_size = config.tensor_parallel_size;
+  const TensorParallelLayout tp = tensor_parallel_layout(mc, tp_size);  // refuses a bad split before loading
 
   if (config.device.empty()) config.device = cuda_available() ? "cuda" : "cpu";
   if (config.device == "cpu" && config.enforce_eager) log("note: --enforce-eager changes nothing on the CPU, which has no CUDA graphs");
-  backend_ = config.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
-
   config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);
   max_model_len_ = config.max_model_len;
   block_table_width_ = ceil_div(max_model_len_, block_size_);
@@ -38,55 +35,109 @@ ModelRunner::ModelRunner(EngineConfig& config)
   max_tokens_ = std::max(config.max_num_batched_tokens, config.max_num_seqs);
   if (config.eos.empty()) config.eos.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
 
-  model_ = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*backend_, checkpoint_, mc, tp_rank, tp), tp_rank, tp);
-  workspace_ = make_qwen3_workspace(*backend_, mc, tp, max_tokens_, max_seqs_, max_model_len_);
-  const AttentionShape shape = model_->attention_shape(block_size_);
-  attention_scratch_ = Buffer(backend_->device(), backend_->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
-
-  // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step).
-  step_storage_ = Arena::carve(backend_->device(), [&](Arena& a) {
-    step_ = carve_step_tensors(a);
-    tokens_ = a.take(DType::I32, {max_seqs_});
+  // Every rank: its device (rank r on GPU r when there are enough GPUs, else ranks share them), its
+  // shard of the weights, its buffers. The KV cache comes last, sized from what is left.
+  const int devices = config.device == "cuda" ? cuda_device_count() : 0;
+  for (int r = 0; r < tp_size; r++) {
+    ranks_.push_back(std::make_unique<Rank>());
+    ranks_.back()->rank = r;
+    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1);
+  }
+  if (tp_size > 1) {
+    RankGroup group;
+    group.size = tp_size;
+    for (auto& r : ranks_) group.workspaces.push_back(static_cast<char*>(r->workspace.storage.data()));
+    if (device() == Device::CPU) {
+      cpu_comm_ = std::make_unique<CpuCommunicator>(tp_size);
+      group.cpu = cpu_comm_.get();
+    }
+    for (auto& r : ranks_) {
+      group.rank = r->rank;
+      r->backend->set_rank_group(group);
+    }
+  }
+  threads_ = std::make_unique<RankThreads>(tp_size, [this] {
+    if (cpu_comm_) cpu_comm_->abort();
   });
-  step_staging_ = Arena::carve(Device::CPU, [&](Arena& a) { staged_ = carve_step_tensors(a); });
+  rank_steps_.assign(size_t(tp_size), 0);
 
-  // Everything else is allocated: what is left of the budget becomes the KV cache.
   allocate_kv_cache(config);
-  if (backend_->supports_graphs() && !enforce_eager_) capture_cuda_graphs();
+  if (ranks_[0]->backend->supports_graphs() && !enforce_eager_) {
+    // Every rank captures its own graphs on its own thread and stream; the warm-up run before each
+    // capture executes the collectives, so the ranks must run it together.
+    threads_->run([&](int r) {
+      ranks_[size_t(r)]->backend->bind_to_thread();
+      capture_cuda_graphs(*ranks_[size_t(r)]);
+    });
+  }
+}
+
+void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id) {
+  r.backend = device_id >= 0 ? make_cuda_backend(device_id) : make_cpu_backend();
+  r.model = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*r.backend, checkpoint_, mc, tp, r.rank), tp, r.rank);
+  r.workspace = make_qwen3_workspace(*r.backend, mc, tp, max_tokens_, max_seqs_, max_model_len_);
+  const AttentionShape shape = r.model->attention_shape(block_size_);
+  r.attention_scratch = Buffer(r.backend->device(), r.backend->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
+  // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step).
+  r.step_storage = Arena::carve(r.backend->device(), [&](Arena& a) {
+    r.step = carve_step_tensors(a);
+    r.tokens = a.take(DType::I32, {max_seqs_});
+  });
+  r.step_staging = Arena::carve(Device::CPU, [&](Arena& a) { r.staged = carve_step_tensors(a); });
+}
+
+void ModelRunner::wrap_backend(const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)>& wrap) {
+  for (auto& r : ranks_) {
+    const RankGroup group = r->backend->rank_group();
+    r->backend = wrap(std::move(r->backend));
+    r->backend->set_rank_group(group);
+  }
 }
 
 void ModelRunner::allocate_kv_cache(EngineConfig& config) {
-  const ModelConfig& mc = model_->config();
-  const HeadLayout heads = model_->heads();
-  const DType kv_dtype = backend_->act_dtype();
-  // One block: 2 (K and V) x layers x block_size x kv_heads x head_dim elements.
-  kv_block_bytes_ = 2 * size_t(mc.num_hidden_layers) * block_size_ * heads.kv_dim() * dtype_size(kv_dtype);
+  const ModelConfig& mc = model_config();
+  const HeadLayout heads = ranks_[0]->model->heads();
+  const Backend& b0 = *ranks_[0]->backend;
+  const DType kv_dtype = b0.act_dtype();
+  const int tp_size = int(ranks_.size());
+  // One block on one rank: 2 (K and V) x layers x block_size x this rank's kv heads x head_dim elements.
+  const size_t rank_block_bytes = 2 * size_t(mc.num_hidden_layers) * block_size_ * heads.kv_dim() * dtype_size(kv_dtype);
+  kv_block_bytes_ = rank_block_bytes * size_t(tp_size);
   if (config.num_kvcache_blocks > 0) {
     num_blocks_ = config.num_kvcache_blocks;
-  } else if (backend_->device() == Device::CPU) {
+  } else if (b0.device() == Device::CPU) {
     num_blocks_ = std::max(int(kCpuKvBudgetBytes / kv_block_bytes_), block_table_width_);
   } else {
     // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
     // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
-    // formula is exact, with a small reserve for what CUDA itself allocates later.
-    size_t free_bytes, total_bytes;
-    backend_->memory_info(&free_bytes, &total_bytes);
-    const double budget = double(total_bytes) * config.gpu_memory_utilization - double(total_bytes - free_bytes) -
-                          double(kGpuReserveBytes);
-    num_blocks_ = budget > 0 ? int(budget / double(kv_block_bytes_)) : 0;
-    if (num_blocks_ < 1)
-      fail("no GPU memory left for the KV cache (", (total_bytes - free_bytes) >> 20, " MiB in use of ", total_bytes >> 20,
-           " MiB; raise --gpu-memory-utilization or lower --max-num-batched-tokens / --max-num-seqs)");
+    // formula is exact, with a small reserve for what CUDA itself allocates later. Ranks that share a
+    // GPU share its budget; every rank gets the same number of blocks (the smallest that fits).
+    num_blocks_ = -1;
+    for (auto& r : ranks_) {
+      int sharing = 0;
+      for (auto& other : ranks_) sharing += other->backend->device_id() == r->backend->device_id();
+      size_t free_bytes, total_bytes;
+      r->backend->memory_info(&free_bytes, &total_bytes);
+      const double budget = double(total_bytes) * config.gpu_memory_utilization - double(total_bytes - free_bytes) -
+                            double(kGpuReserveBytes);
+      const int blocks = budget > 0 ? int(budget / double(rank_block_bytes * size_t(sharing))) : 0;
+      if (blocks < 1)
+        fail("no GPU memory left for the KV cache (", (total_bytes - free_bytes) >> 20, " MiB in use of ",
+             total_bytes >> 20, " MiB; raise --gpu-memory-utilization or lower --max-num-batched-tokens / --max-num-seqs)");
+      num_blocks_ = num_blocks_ < 0 ? blocks : std::min(num_blocks_, blocks);
+    }
   }
   config.num_kvcache_blocks = num_blocks_;
-  kv_storage_ = Buffer(backend_->device(), kv_block_bytes_ * num_blocks_);
-  const size_t layer_bytes = kv_block_bytes_ / (2 * mc.num_hidden_layers) * num_blocks_;
-  char* base = static_cast<char*>(kv_storage_.data());
-  for (int l = 0; l < mc.num_hidden_layers; l++) {
-    // kv[0, l] and kv[1, l] of the (2, layers, blocks, block_size, kv_heads, head_dim) allocation.
-    const std::initializer_list<int64_t> dims = {num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim};
-    k_caches_.emplace_back(base + layer_bytes * l, kv_dtype, backend_->device(), dims);
-    v_caches_.emplace_back(base + layer_bytes * (mc.num_hidden_layers + l), kv_dtype, backend_->device(), dims);
+  const size_t layer_bytes = rank_block_bytes / (2 * mc.num_hidden_layers) * num_blocks_;
+  for (auto& r : ranks_) {
+    r->kv_storage = Buffer(r->backend->device(), rank_block_bytes * num_blocks_);
+    char* base = static_cast<char*>(r->kv_storage.data());
+    for (int l = 0; l < mc.num_hidden_layers; l++) {
+      // kv[0, l] and kv[1, l] of the (2, layers, blocks, block_size, kv_heads, head_dim) allocation.
+      const std::initializer_list<int64_t> dims = {num_blocks_, block_size_, heads.num_kv_heads, heads.head_dim};
+      r->k_caches.emplace_back(base + layer_bytes * l, kv_dtype, r->backend->device(), dims);
+      r->v_caches.emplace_back(base + layer_bytes * (mc.num_hidden_layers + l), kv_dtype, r->backend->device(), dims);
+    }
   }
 }
 
@@ -186,45 +237,51 @@ void stage(const Tensor& host, const std::vector<T>& values) {
 
 }  // namespace
 
-ForwardInputs ModelRunner::upload(const StepInputs& in, int max_context_len) {
+ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context_len) {
   const int T = in.num_tokens(), B = in.num_seqs();
   if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
   // Fill the host mirror, then copy it to the device in one transfer.
-  stage(staged_.input_ids, in.input_ids);
-  stage(staged_.positions, in.positions);
-  stage(staged_.slot_mapping, in.slot_mapping);
-  stage(staged_.block_tables, in.block_tables);
-  stage(staged_.sampling, in.sampling);
-  stage(staged_.cu_seqlens_q, in.cu_seqlens_q);
-  stage(staged_.cu_seqlens_k, in.cu_seqlens_k);
-  stage(staged_.last_token_rows, in.last_token_rows);
-  stage(staged_.context_lens, in.context_lens);
-  backend_->upload(Tensor(step_storage_.data(), DType::U8, backend_->device(), {int64_t(step_storage_.bytes())}),
-                   step_staging_.data());
+  stage(r.staged.input_ids, in.input_ids);
+  stage(r.staged.positions, in.positions);
+  stage(r.staged.slot_mapping, in.slot_mapping);
+  stage(r.staged.block_tables, in.block_tables);
+  stage(r.staged.sampling, in.sampling);
+  stage(r.staged.cu_seqlens_q, in.cu_seqlens_q);
+  stage(r.staged.cu_seqlens_k, in.cu_seqlens_k);
+  stage(r.staged.last_token_rows, in.last_token_rows);
+  stage(r.staged.context_lens, in.context_lens);
+  r.backend->upload(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_storage.bytes())}),
+                    r.step_staging.data());
 
   ForwardInputs f;
-  f.input_ids = step_.input_ids.slice_rows(0, T);
-  f.positions = step_.positions.slice_rows(0, T);
-  f.last_token_rows = step_.last_token_rows.slice_rows(0, B);
+  f.input_ids = r.step.input_ids.slice_rows(0, T);
+  f.positions = r.step.positions.slice_rows(0, T);
+  f.last_token_rows = r.step.last_token_rows.slice_rows(0, B);
   AttentionMetadata& m = f.attention;
   m.is_prefill = in.is_prefill;
   m.num_seqs = B;
-  m.slot_mapping = step_.slot_mapping.slice_rows(0, T);
-  m.block_tables = step_.block_tables.slice_rows(0, B);
-  m.cu_seqlens_q = step_.cu_seqlens_q.slice_rows(0, B + 1);
-  m.cu_seqlens_k = step_.cu_seqlens_k.slice_rows(0, B + 1);
+  m.slot_mapping = r.step.slot_mapping.slice_rows(0, T);
+  m.block_tables = r.step.block_tables.slice_rows(0, B);
+  m.cu_seqlens_q = r.step.cu_seqlens_q.slice_rows(0, B + 1);
+  m.cu_seqlens_k = r.step.cu_seqlens_k.slice_rows(0, B + 1);
   m.max_seqlen_q = in.max_seqlen_q;
   m.max_seqlen_k = in.max_seqlen_k;
-  m.context_lens = step_.context_lens.slice_rows(0, B);
+  m.context_lens = r.step.context_lens.slice_rows(0, B);
   m.max_context_len = max_context_len;
-  m.scratch = Tensor(attention_scratch_.data(), DType::F32, backend_->device(), {int64_t(attention_scratch_.bytes() / 4)});
+  m.scratch = Tensor(r.attention_scratch.data(), DType::F32, r.backend->device(), {int64_t(r.attention_scratch.bytes() / 4)});
   return f;
 }
 
 std::vector<int> ModelRunner::graph_batch_sizes() const {
   std::vector<int> sizes;
-  for (const auto& g : graphs_) sizes.push_back(g.first);
+  for (const auto& g : ranks_[0]->graphs) sizes.push_back(g.first);
   return sizes;
+}
+
+const std::pair<int, int>* ModelRunner::graph_for(const Rank& r, int num_seqs) const {
+  for (const auto& g : r.graphs)
+    if (g.first >= num_seqs) return &g;
+  return nullptr;
 }
 
 // Padding rows of a CUDA graph batch: slot -1 stores nothing and context 0 attends to nothing.
@@ -238,7 +295,7 @@ void ModelRunner::pad_decode(StepInputs& in, int batch_size) const {
   in.sampling.resize(bs, SamplingRow{0.0f, 0, 1.0f, 0, 0});
 }
 
-void ModelRunner::capture_cuda_graphs() {
+void ModelRunner::capture_cuda_graphs(Rank& r) {
   // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself so that
   // every decode batch has a graph (nano-vllm crashes when max_num_seqs is not a multiple of 16).
   std::vector<int> sizes;
@@ -250,43 +307,53 @@ void ModelRunner::capture_cuda_graphs() {
     StepInputs in;  // a batch of padding rows only
     pad_decode(in, bs);
     // The grid of the decode kernel must cover any context: size it for max_model_len.
-    ForwardInputs f = upload(in, max_model_len_);
-    execute(f, bs);  // warm-up outside the capture
-    backend_->synchronize();
-    backend_->begin_capture();
-    execute(f, bs);
-    graphs_.push_back({bs, backend_->end_capture()});
+    ForwardInputs f = upload(r, in, max_model_len_);
+    execute(r, f, bs);  // warm-up outside the capture
+    r.backend->synchronize();
+    r.backend->begin_capture();
+    execute(r, f, bs);
+    r.graphs.push_back({bs, r.backend->end_capture()});
   }
-  backend_->synchronize();
+  r.backend->synchronize();
 }
 
-void ModelRunner::execute(const ForwardInputs& f, int num_seqs) {
-  model_->forward_hidden(*backend_, f, workspace_, k_caches_, v_caches_);
-  model_->compute_logits(*backend_, f, workspace_, num_seqs);
-  backend_->sample(tokens_.slice_rows(0, num_seqs), workspace_.logits.slice_rows(0, num_seqs),
-                   step_.sampling.slice_rows(0, num_seqs));
+void ModelRunner::execute(Rank& r, const ForwardInputs& f, int num_seqs) {
+  r.model->forward_hidden(*r.backend, f, r.workspace, r.k_caches, r.v_caches);
+  r.model->compute_logits(*r.backend, f, r.workspace, num_seqs);
+  if (r.rank == 0)  // rank 0 samples from the gathered logits (nano-vllm: the sampler runs on rank 0)
+    r.backend->sample(r.tokens.slice_rows(0, num_seqs), r.workspace.logits.slice_rows(0, num_seqs),
+                      r.step.sampling.slice_rows(0, num_seqs));
 }
 
 std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits) {
   StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
   const int B = in.num_seqs();
   // Decode replays the CUDA graph of the smallest captured batch that holds B sequences, padded.
-  auto graph = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.first >= B; });
-  if (!is_prefill && !enforce_eager_ && graph != graphs_.end()) {
-    pad_decode(in, graph->first);
-    upload(in, max_model_len_);
-    backend_->replay(graph->second);
-  } else {
-    execute(upload(in, in.max_seqlen_k), B);
-  }
+  const std::pair<int, int>* graph = is_prefill || enforce_eager_ ? nullptr : graph_for(*ranks_[0], B);
+  StepInputs padded = in;
+  if (graph) pad_decode(padded, graph->first);
+  // Every rank runs the same step on its own thread (nano-vllm: rank 0 calls "run" on every worker).
+  threads_->run([&](int rank) {
+    Rank& r = *ranks_[size_t(rank)];
+    r.backend->bind_to_thread();
+    if (graph) {
+      upload(r, padded, max_model_len_);
+      r.backend->replay(graph_for(r, B)->second);
+    } else {
+      execute(r, upload(r, in, in.max_seqlen_k), B);
+    }
+    if (rank != 0) r.backend->synchronize();  // the step's collectives finish before the job does
+    rank_steps_[size_t(rank)]++;
+  });
 
+  Rank& r0 = *ranks_[0];
   std::vector<int32_t> tokens(static_cast<size_t>(B));
-  backend_->download(tokens.data(), tokens_.slice_rows(0, B));
-  const Tensor step_logits = workspace_.logits.slice_rows(0, B);
+  r0.backend->download(tokens.data(), r0.tokens.slice_rows(0, B));
+  const Tensor step_logits = r0.workspace.logits.slice_rows(0, B);
   const bool host_rows = device() == Device::CUDA && cuda_leaves_rows_to_host(in.sampling.data(), B);
   if (logits || host_rows) {
     std::vector<float> host_logits(size_t(step_logits.numel()));
-    backend_->download(host_logits.data(), step_logits);
+    r0.backend->download(host_logits.data(), step_logits);
     if (host_rows) sample_rows_left_to_host(tokens.data(), host_logits.data(), B, int(step_logits.row_size()), in.sampling.data());
     if (logits) *logits = std::move(host_logits);
   }

@@ -19,6 +19,8 @@
 #include "01_sequence/engine_config.h"
 #include "01_sequence/sequence.h"
 #include "04_model_runner/qwen3.h"
+#include "06_tensor_parallel/communicator.h"
+#include "06_tensor_parallel/rank_threads.h"
 
 namespace nanovllm {
 
@@ -41,8 +43,9 @@ struct StepInputs {
 
 class ModelRunner {
  public:
-  // Loads config.model onto config.device. Sets config.num_kvcache_blocks (unless the user fixed it) and
-  // clamps config.max_model_len to the model's max_position_embeddings, as nano-vllm's Config does.
+  // Loads config.model onto config.device, split over config.tensor_parallel_size ranks. Sets
+  // config.num_kvcache_blocks (unless the user fixed it) and clamps config.max_model_len to the model's
+  // max_position_embeddings, as nano-vllm's Config does.
   explicit ModelRunner(EngineConfig& config);
   ~ModelRunner();
 
@@ -54,19 +57,21 @@ class ModelRunner {
   StepInputs prepare_prefill(const std::vector<Sequence*>& seqs) const;
   StepInputs prepare_decode(const std::vector<Sequence*>& seqs) const;
 
-  const ModelConfig& model_config() const { return model_->config(); }
-  Device device() const { return backend_->device(); }
+  const ModelConfig& model_config() const { return ranks_[0]->model->config(); }
+  Device device() const { return ranks_[0]->backend->device(); }
+  int tensor_parallel_size() const { return int(ranks_.size()); }
   int num_kvcache_blocks() const { return num_blocks_; }
-  size_t kv_cache_bytes() const { return kv_storage_.bytes(); }
-  size_t kv_block_bytes() const { return kv_block_bytes_; }
+  size_t kv_cache_bytes() const { return kv_block_bytes_ * size_t(num_blocks_); }  // all ranks together
+  size_t kv_block_bytes() const { return kv_block_bytes_; }                       // all ranks together
   // Decode batch sizes with a captured CUDA graph (empty on the CPU or with --enforce-eager).
   std::vector<int> graph_batch_sizes() const;
+  // Steps each rank has run: with tensor parallelism every rank runs every step (--trace shows it).
+  const std::vector<int64_t>& rank_steps() const { return rank_steps_; }
 
-  // For tools (bench --profile, bench-step): wrap the backend (a profiler forwarding every operation),
-  // and switch graph replay off and on (graphs captured at start-up stay).
-  void wrap_backend(const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)>& wrap) {
-    backend_ = wrap(std::move(backend_));
-  }
+  // For tools (bench --profile, bench-step): wrap every rank's backend (a profiler forwarding every
+  // operation; called once per rank, rank 0 first), and switch graph replay off and on (graphs captured
+  // at start-up stay).
+  void wrap_backend(const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)>& wrap);
   void set_enforce_eager(bool eager) { enforce_eager_ = eager; }
 
  private:
@@ -79,35 +84,49 @@ class ModelRunner {
     Tensor block_tables;                        // (B, W) i32
     Tensor sampling;                            // (B, sizeof(SamplingRow)) U8
   };
-  StepTensors carve_step_tensors(Arena& arena) const;
 
+  // One tensor-parallel rank (nano-vllm: one ModelRunner process per GPU): its device, its shard of the
+  // weights and of the KV cache, its buffers and graphs. With one rank, that is the whole model.
+  struct Rank {
+    int rank = 0;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Qwen3Model> model;
+    Qwen3Workspace workspace;
+    Buffer kv_storage;
+    std::vector<Tensor> k_caches, v_caches;    // per layer: (num_blocks, block_size, kv_heads, head_dim)
+    Buffer attention_scratch;                  // decode attention's partial results (GPU)
+    Buffer step_storage, step_staging;         // the step tensors on the device, and their host mirror
+    StepTensors step, staged;                  // views of step_storage and step_staging
+    Tensor tokens;                             // (B,) i32: the sampled tokens (rank 0), on the device
+    std::vector<std::pair<int, int>> graphs;   // (batch size, graph id), ascending batch size
+  };
+
+  StepTensors carve_step_tensors(Arena& arena) const;
+  // device_id: the CUDA device of this rank, or -1 for the CPU.
+  void load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id);
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void pad_decode(StepInputs& in, int batch_size) const;
-  ForwardInputs upload(const StepInputs& in, int max_context_len);
+  ForwardInputs upload(Rank& r, const StepInputs& in, int max_context_len);
   void allocate_kv_cache(EngineConfig& config);
-  void capture_cuda_graphs();
-  // forward + logits + sampling of a step whose inputs are uploaded (what a CUDA graph captures).
-  void execute(const ForwardInputs& f, int num_seqs);
+  void capture_cuda_graphs(Rank& r);
+  // forward + logits (+ sampling on rank 0) of a step whose inputs are uploaded: what a graph captures.
+  void execute(Rank& r, const ForwardInputs& f, int num_seqs);
+  // The CUDA graph of the smallest captured batch size >= num_seqs, or nullptr.
+  const std::pair<int, int>* graph_for(const Rank& r, int num_seqs) const;
 
   int block_size_;
   int max_model_len_;
   int block_table_width_;  // ceil(max_model_len / block_size)
   int max_tokens_, max_seqs_;
-  int num_blocks_;
-  size_t kv_block_bytes_ = 0;
+  int num_blocks_ = 0;
+  size_t kv_block_bytes_ = 0;  // one block on all ranks together
   bool enforce_eager_;
-  std::unique_ptr<Backend> backend_;
   Checkpoint checkpoint_;
-  std::unique_ptr<Qwen3Model> model_;
-  Qwen3Workspace workspace_;
-  Buffer kv_storage_;
-  std::vector<Tensor> k_caches_, v_caches_;  // per layer: (num_blocks, block_size, kv_heads, head_dim)
-  Buffer attention_scratch_;                 // decode attention's partial results (GPU)
-  std::vector<std::pair<int, int>> graphs_;  // (batch size, graph id), ascending batch size
-  Buffer step_storage_, step_staging_;       // the step tensors on the device, and their host mirror
-  StepTensors step_, staged_;                // views of step_storage_ and step_staging_
-  Tensor tokens_;                            // (B,) i32: the sampled tokens, on the device
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<CpuCommunicator> cpu_comm_;
+  std::unique_ptr<RankThreads> threads_;  // one thread per rank; rank 0 is the caller's
+  std::vector<int64_t> rank_steps_;
 };
 
 }  // namespace nanovllm

@@ -106,6 +106,13 @@ void ProfiledBackend::sample(const Tensor& tokens, const Tensor& logits, const T
   timed("sample", [&] { inner_->sample(tokens, logits, rows); });
 }
 
+void ProfiledBackend::all_reduce(const Tensor& x) {
+  timed("all_reduce", [&] { inner_->all_reduce(x); });
+}
+void ProfiledBackend::gather(const Tensor& shard, const Tensor& out) {
+  timed("gather logits", [&] { inner_->gather(shard, out); });
+}
+
 double measure_copy_bandwidth() {
 #ifdef NANOVLLM_CUDA
   if (!cuda_device_present()) return 0;

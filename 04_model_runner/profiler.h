@@ -31,6 +31,12 @@ class ProfiledBackend final : public Backend {
   std::vector<OpTime> report();
 
   Device device() const override { return inner_->device(); }
+  int device_id() const override { return inner_->device_id(); }
+  void set_rank_group(const RankGroup& group) override {
+    Backend::set_rank_group(group);
+    inner_->set_rank_group(group);
+  }
+  void bind_to_thread() override { inner_->bind_to_thread(); }
   DType act_dtype() const override { return inner_->act_dtype(); }
   void upload(const Tensor& dst, const void* host) override { inner_->upload(dst, host); }
   void download(void* host, const Tensor& src) override { inner_->download(host, src); }
@@ -59,6 +65,8 @@ class ProfiledBackend final : public Backend {
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override;
   void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override;
+  void all_reduce(const Tensor& x) override;
+  void gather(const Tensor& shard, const Tensor& out) override;
 
  private:
   struct Timer;  // one timed call: two CUDA events, or two host clock readings

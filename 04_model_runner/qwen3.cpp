@@ -52,29 +52,39 @@ class WeightLoader {
 
 }  // namespace
 
+TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int tp_size) {
+  return tensor_parallel_layout(c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.vocab_size,
+                                tp_size);
+}
+
 Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, const ModelConfig& c,
-                                int tp_rank, int tp_size) {
+                                const TensorParallelLayout& tp, int tp_rank) {
   Qwen3Weights w;
   WeightLoader loader(backend, checkpoint, w);
+  const int tp_size = tp.tp_size;
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size, I = c.intermediate_size;
   const int64_t q_rows = int64_t(c.num_attention_heads) * D, kv_rows = int64_t(c.num_key_value_heads) * D;
-  const int64_t V_part = divide(V, tp_size, "vocab_size");
-  // Heads are split whole: each rank gets num_heads / tp query heads and num_kv_heads / tp KV heads.
-  divide(c.num_attention_heads, tp_size, "num_attention_heads");
-  divide(c.num_key_value_heads, tp_size, "num_key_value_heads");
-  const int64_t I_part = divide(I, tp_size, "intermediate_size");
+  const int64_t V_part = tp.vocab_per_rank, I_part = tp.intermediate_per_rank;
+  // This rank's KV heads: rows [first * D, (first + count) * D) of k_proj and v_proj. With more ranks
+  // than KV heads a head is replicated, so this is not always an even split of the rows.
+  const int64_t kv_first = int64_t(tp.first_kv_head(tp_rank)) * D, kv_part = int64_t(tp.kv_heads_per_rank) * D;
+  auto kv_shard = [&](const std::vector<float>& w_kv) {
+    return std::vector<float>(w_kv.begin() + kv_first * H, w_kv.begin() + (kv_first + kv_part) * H);
+  };
 
   std::vector<float> embed = loader.read("model.embed_tokens.weight", {V, H});
-  w.embed_tokens = loader.upload(shard_rows(embed, V, H, tp_rank, tp_size), {V_part, H});
+  w.embed_tokens = loader.upload(shard_rows_padded(embed, V, H, tp_rank, tp_size), {V_part, H});
   for (int l = 0; l < c.num_hidden_layers; l++) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Qwen3Weights::Layer layer;
     layer.input_layernorm = loader.upload(loader.read(p + "input_layernorm.weight", {H}), {H});
-    std::vector<float> q = loader.read(p + "self_attn.q_proj.weight", {q_rows, H});
-    std::vector<float> k = loader.read(p + "self_attn.k_proj.weight", {kv_rows, H});
-    std::vector<float> v = loader.read(p + "self_attn.v_proj.weight", {kv_rows, H});
-    layer.qkv_proj = loader.upload(pack_row_shards<float>({&q, &k, &v}, {q_rows, kv_rows, kv_rows}, H, tp_rank, tp_size),
-                                   {(q_rows + 2 * kv_rows) / tp_size, H});
+    // QKV packed per rank: [this rank's q heads; its k heads; its v heads].
+    std::vector<float> qkv = shard_rows(loader.read(p + "self_attn.q_proj.weight", {q_rows, H}), q_rows, H, tp_rank, tp_size);
+    for (const char* name : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
+      std::vector<float> part = kv_shard(loader.read(p + name, {kv_rows, H}));
+      qkv.insert(qkv.end(), part.begin(), part.end());
+    }
+    layer.qkv_proj = loader.upload(qkv, {q_rows / tp_size + 2 * kv_part, H});
     layer.q_norm = loader.upload(loader.read(p + "self_attn.q_norm.weight", {D}), {D});
     layer.k_norm = loader.upload(loader.read(p + "self_attn.k_norm.weight", {D}), {D});
     std::vector<float> o = loader.read(p + "self_attn.o_proj.weight", {H, q_rows});
@@ -94,7 +104,7 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
     w.lm_head = w.embed_tokens;
   } else {
     std::vector<float> head = loader.read("lm_head.weight", {V, H});
-    w.lm_head = loader.upload(shard_rows(head, V, H, tp_rank, tp_size), {V_part, H});
+    w.lm_head = loader.upload(shard_rows_padded(head, V, H, tp_rank, tp_size), {V_part, H});
   }
   return w;
 }
@@ -102,10 +112,10 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
 // ---------------------------------------------------------------------------------------------------
 // Workspace
 
-Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, int tp, int max_tokens, int max_seqs,
-                                    int max_positions) {
-  const HeadLayout h{c.num_attention_heads / tp, c.num_key_value_heads / tp, c.head_dim};
-  const int64_t T = max_tokens, B = max_seqs, H = c.hidden_size, I = c.intermediate_size / tp, V = c.vocab_size / tp;
+Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, const TensorParallelLayout& tp,
+                                    int max_tokens, int max_seqs, int max_positions) {
+  const HeadLayout h{tp.heads_per_rank, tp.kv_heads_per_rank, c.head_dim};
+  const int64_t T = max_tokens, B = max_seqs, H = c.hidden_size, I = tp.intermediate_per_rank, V = c.vocab_size;
   const int64_t P = max_positions, half = c.head_dim / 2;
   const DType act = backend.act_dtype();
   Qwen3Workspace ws;
@@ -118,6 +128,7 @@ Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, int 
     ws.gate_up = a.take(act, {T, 2 * I});
     ws.mlp_act = a.take(act, {T, I});
     ws.last_hidden = a.take(act, {B, H});
+    if (tp.tp_size > 1) ws.logits_shard = a.take(DType::F32, {B, tp.vocab_per_rank});
     ws.logits = a.take(DType::F32, {B, V});
     ws.cos = a.take(DType::F32, {P, half});
     ws.sin = a.take(DType::F32, {P, half});
@@ -132,11 +143,12 @@ Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, int 
 // ---------------------------------------------------------------------------------------------------
 // Forward
 
-Qwen3Model::Qwen3Model(const ModelConfig& config, Qwen3Weights weights, int tp_rank, int tp_size)
+Qwen3Model::Qwen3Model(const ModelConfig& config, Qwen3Weights weights, const TensorParallelLayout& tp, int tp_rank)
     : config_(config),
       weights_(std::move(weights)),
+      tp_(tp),
       tp_rank_(tp_rank),
-      heads_{config.num_attention_heads / tp_size, config.num_key_value_heads / tp_size, config.head_dim} {}
+      heads_{tp.heads_per_rank, tp.kv_heads_per_rank, config.head_dim} {}
 
 AttentionShape Qwen3Model::attention_shape(int block_size) const {
   return {heads_.num_heads, heads_.num_kv_heads, heads_.head_dim, block_size,
@@ -154,7 +166,10 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
          mlp_act = full_ws.mlp_act.slice_rows(0, T);
   const AttentionShape shape = attention_shape(int(k_caches[0].shape[1]));
 
-  b.embedding(residual, weights_.embed_tokens, in.input_ids, int(tp_rank_ * weights_.embed_tokens.rows()));
+  // Vocab-parallel embedding: each rank fills the rows of the ids in its shard, zeros elsewhere; the
+  // all-reduce adds the shards up (nano-vllm's VocabParallelEmbedding).
+  b.embedding(residual, weights_.embed_tokens, in.input_ids, int(tp_rank_ * tp_.vocab_per_rank));
+  b.all_reduce(residual);
   for (size_t l = 0; l < weights_.layers.size(); l++) {
     const Qwen3Weights::Layer& w = weights_.layers[l];
     // Attention block. The first layer has no sublayer output to add yet.
@@ -168,24 +183,29 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
     b.store_kvcache(k_caches[l], v_caches[l], qkv, in.attention.slot_mapping, heads_);
     b.attention(attn_out, qkv, k_caches[l], v_caches[l], in.attention, shape);
     b.linear(hidden, attn_out, w.o_proj);
+    b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)
     // MLP block.
     b.add_rmsnorm(normed, residual, hidden, w.post_attention_layernorm, eps);
     b.linear(gate_up, normed, w.gate_up_proj);
     b.silu_and_mul(mlp_act, gate_up);
     b.linear(hidden, mlp_act, w.down_proj);
+    b.all_reduce(hidden);  // row parallel: each rank's down_proj saw only its MLP columns
   }
   b.add_rmsnorm(normed, residual, hidden, weights_.norm, eps);
 }
 
 void Qwen3Model::compute_logits(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs) {
-  Tensor last = ws.last_hidden.slice_rows(0, num_seqs);
-  Tensor logits = ws.logits.slice_rows(0, num_seqs);
+  Tensor last = ws.normed.slice_rows(0, num_seqs);
   if (in.attention.is_prefill) {
     // Only the last token of each sequence reaches the LM head (nano-vllm ParallelLMHead).
+    last = ws.last_hidden.slice_rows(0, num_seqs);
     b.gather_rows(last, ws.normed, in.last_token_rows.slice_rows(0, num_seqs));
-    b.linear(logits, last, weights_.lm_head);
+  }
+  if (tp_.tp_size == 1) {
+    b.linear(ws.logits.slice_rows(0, num_seqs), last, weights_.lm_head);
   } else {
-    b.linear(logits, ws.normed.slice_rows(0, num_seqs), weights_.lm_head);
+    b.linear(ws.logits_shard.slice_rows(0, num_seqs), last, weights_.lm_head);
+    b.gather(ws.logits_shard.slice_rows(0, num_seqs), ws.logits.slice_rows(0, num_seqs));
   }
 }
 

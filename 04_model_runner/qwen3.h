@@ -13,50 +13,59 @@
 #include "04_model_runner/backend.h"
 #include "04_model_runner/checkpoint/config.h"
 #include "04_model_runner/checkpoint/safetensors.h"
+#include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
 
 // One tensor-parallel rank's share of the weights, on the backend's device, in its weight dtype.
-// Shapes with tp = tensor_parallel_size, H hidden, D head_dim, Hq/Hkv heads, I intermediate, V vocab:
+// Shapes with tp = tensor_parallel_size, H hidden, D head_dim, Hq/Hkv heads, I intermediate, V vocab;
+// per rank (06_tensor_parallel/linear.h, TensorParallelLayout): Hq/tp query heads, Hkv_r = max(1, Hkv/tp)
+// KV heads (replicated when tp > Hkv), I/tp MLP columns, V_r = ceil(V/tp) vocabulary rows (padded).
 struct Qwen3Weights {
   struct Layer {
     Tensor input_layernorm;           // (H)
-    Tensor qkv_proj;                  // ((Hq + 2 Hkv) / tp * D, H): [q heads; k heads; v heads] of this rank
+    Tensor qkv_proj;                  // ((Hq/tp + 2 Hkv_r) D, H): [q heads; k heads; v heads] of this rank
     Tensor q_norm, k_norm;            // (D)
-    Tensor o_proj;                    // (H, Hq / tp * D)
+    Tensor o_proj;                    // (H, Hq/tp D)
     Tensor post_attention_layernorm;  // (H)
-    Tensor gate_up_proj;              // (2 I / tp, H): [gate; up] rows of this rank
-    Tensor down_proj;                 // (H, I / tp)
+    Tensor gate_up_proj;              // (2 I/tp, H): [gate; up] rows of this rank
+    Tensor down_proj;                 // (H, I/tp)
   };
-  Tensor embed_tokens;  // (V / tp, H)
+  Tensor embed_tokens;  // (V_r, H)
   std::vector<Layer> layers;
   Tensor norm;          // (H)
-  Tensor lm_head;       // (V / tp, H): the same memory as embed_tokens when the embeddings are tied
+  Tensor lm_head;       // (V_r, H): the same memory as embed_tokens when the embeddings are tied
   std::vector<Buffer> storage;
 };
 
-// Reads every weight this rank needs from the checkpoint, checks shapes against the config, converts to
-// the backend's weight dtype, shards and packs (06_tensor_parallel), and uploads.
+// Reads every weight rank `tp_rank` needs from the checkpoint, checks shapes against the config,
+// converts to the backend's weight dtype, shards and packs (06_tensor_parallel), and uploads.
 Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, const ModelConfig& config,
-                                int tp_rank, int tp_size);
+                                const TensorParallelLayout& tp, int tp_rank);
 
-// Activation buffers for up to max_tokens tokens and max_seqs sequences per step, allocated once.
+// How `tp_size` ranks split this model; Error naming the field that cannot be split (before any
+// weight is read).
+TensorParallelLayout tensor_parallel_layout(const ModelConfig& config, int tp_size);
+
+// Activation buffers for up to max_tokens tokens and max_seqs sequences per step, allocated once, with
+// the same layout on every rank.
 struct Qwen3Workspace {
-  Tensor residual;     // (T, H)
-  Tensor hidden;       // (T, H): a sublayer's output
-  Tensor normed;       // (T, H): RMSNorm(residual), a sublayer's input
-  Tensor qkv;          // (T, (Hq + 2 Hkv) D)
-  Tensor attn_out;     // (T, Hq D)
-  Tensor gate_up;      // (T, 2 I)
-  Tensor mlp_act;      // (T, I)
-  Tensor last_hidden;  // (B, H): one row per sequence, for the LM head
-  Tensor logits;       // (B, V) F32
-  Tensor cos, sin;     // (max_positions, D / 2) F32: the RoPE tables
+  Tensor residual;      // (T, H)
+  Tensor hidden;        // (T, H): a sublayer's output
+  Tensor normed;        // (T, H): RMSNorm(residual), a sublayer's input
+  Tensor qkv;           // (T, (Hq/tp + 2 Hkv_r) D)
+  Tensor attn_out;      // (T, Hq/tp D)
+  Tensor gate_up;       // (T, 2 I/tp)
+  Tensor mlp_act;       // (T, I/tp)
+  Tensor last_hidden;   // (B, H): one row per sequence, for the LM head
+  Tensor logits_shard;  // (B, V_r) F32: this rank's columns of the logits (tp > 1 only)
+  Tensor logits;        // (B, V) F32: all of them, on rank 0 (with one rank the LM head writes it)
+  Tensor cos, sin;      // (max_positions, D / 2) F32: the RoPE tables
   Buffer storage;
 };
 
-Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& config, int tp_size, int max_tokens,
-                                    int max_seqs, int max_positions);
+Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& config, const TensorParallelLayout& tp,
+                                    int max_tokens, int max_seqs, int max_positions);
 
 // The inputs of one forward pass, in device memory.
 struct ForwardInputs {
@@ -68,14 +77,15 @@ struct ForwardInputs {
 
 class Qwen3Model {
  public:
-  Qwen3Model(const ModelConfig& config, Qwen3Weights weights, int tp_rank, int tp_size);
+  Qwen3Model(const ModelConfig& config, Qwen3Weights weights, const TensorParallelLayout& tp, int tp_rank);
 
   // Runs the decoder over T = input_ids.numel() tokens into ws.normed (final hidden states, rows T).
   // This is the part CUDA graphs capture for decode.
   void forward_hidden(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws,
                       const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches);
   // ws.logits rows [0, B): the LM head over the last token of each sequence (prefill: gathered through
-  // last_token_rows; decode: every row is one sequence).
+  // last_token_rows; decode: every row is one sequence). With tp > 1 each rank scores its vocabulary
+  // shard into ws.logits_shard and rank 0 gathers them (nano-vllm's ParallelLMHead).
   void compute_logits(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs);
 
   const ModelConfig& config() const { return config_; }
@@ -85,6 +95,7 @@ class Qwen3Model {
  private:
   ModelConfig config_;
   Qwen3Weights weights_;
+  TensorParallelLayout tp_;
   int tp_rank_;
   HeadLayout heads_;  // this rank's heads
 };

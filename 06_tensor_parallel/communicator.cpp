@@ -9,6 +9,7 @@ namespace nanovllm {
 
 void Barrier::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
+  if (aborted_) fail("another tensor-parallel rank failed");
   const uint64_t my_generation = generation_;
   if (++waiting_ == count_) {  // the last to arrive releases this round and resets for the next
     waiting_ = 0;
@@ -16,7 +17,14 @@ void Barrier::wait() {
     all_arrived_.notify_all();
     return;
   }
-  all_arrived_.wait(lock, [&] { return generation_ != my_generation; });
+  all_arrived_.wait(lock, [&] { return generation_ != my_generation || aborted_; });
+  if (generation_ == my_generation) fail("another tensor-parallel rank failed");
+}
+
+void Barrier::abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  aborted_ = true;
+  all_arrived_.notify_all();
 }
 
 CpuCommunicator::CpuCommunicator(int world_size)

@@ -15,10 +15,12 @@
 namespace nanovllm {
 
 // A reusable barrier for a fixed number of threads: wait() returns once all of them have called it.
+// abort() (a rank failed and will never arrive) makes every wait, now and later, throw Error.
 class Barrier {
  public:
   explicit Barrier(int count) : count_(count) {}
   void wait();
+  void abort();
 
  private:
   std::mutex mutex_;
@@ -26,6 +28,7 @@ class Barrier {
   const int count_;
   int waiting_ = 0;
   uint64_t generation_ = 0;  // advances when the last thread arrives: who waits for which round
+  bool aborted_ = false;
 };
 
 class CpuCommunicator {
@@ -41,6 +44,9 @@ class CpuCommunicator {
   // starting at r * shard_cols, cut at out_cols (a vocabulary padded to a multiple of N is cut back).
   // Every rank calls it; only rank 0 writes (out is ignored on the others).
   void gather(int rank, const float* shard, int rows, int shard_cols, float* out, int out_cols);
+
+  // A rank failed: the others, waiting for it in a collective, throw instead of waiting forever.
+  void abort() { barrier_.abort(); }
 
  private:
   const int world_size_;

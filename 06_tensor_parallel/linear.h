@@ -18,6 +18,7 @@
 // this rank's packed weight, so that loading is the same code for any (rank, tp_size).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -56,6 +57,19 @@ std::vector<T> shard_cols(const std::vector<T>& w, int64_t rows, int64_t cols, i
   return out;
 }
 
+// Rows [rank * part, (rank + 1) * part) of a (rows, cols) matrix with part = ceil(rows / tp), zero rows
+// past the end: the vocab-parallel embedding and LM head when the vocabulary does not split evenly
+// (vLLM pads it too). A zero row of the LM head gives a logit of 0 for a token that does not exist; the
+// gather cuts those columns off before anyone samples.
+template <class T>
+std::vector<T> shard_rows_padded(const std::vector<T>& w, int64_t rows, int64_t cols, int rank, int tp_size) {
+  const int64_t part = (rows + tp_size - 1) / tp_size, begin = std::min(rows, rank * part);
+  const int64_t end = std::min(rows, begin + part);
+  std::vector<T> out(size_t(part * cols), T(0));
+  std::copy(w.begin() + begin * cols, w.begin() + end * cols, out.begin());
+  return out;
+}
+
 // Concatenates this rank's row shards of several weights that share `cols` (QKV: q, k, v; MLP: gate, up).
 template <class T>
 std::vector<T> pack_row_shards(const std::vector<const std::vector<T>*>& weights, const std::vector<int64_t>& rows,
@@ -67,6 +81,27 @@ std::vector<T> pack_row_shards(const std::vector<const std::vector<T>*>& weights
   }
   return out;
 }
+
+// How tensor parallelism splits one model over tp_size ranks (nano-vllm asserts that every size
+// divides; here more ranks than KV heads, and a vocabulary that does not divide, are handled as vLLM
+// does).
+struct TensorParallelLayout {
+  int tp_size = 1;
+  int heads_per_rank = 0;         // query heads of each rank
+  int kv_heads_per_rank = 0;      // KV heads of each rank: num_kv_heads / tp, or 1 when tp > num_kv_heads
+  int intermediate_per_rank = 0;  // MLP width of each rank
+  int64_t vocab_per_rank = 0;     // ceil(vocab / tp): the last rank's shard may be padded
+  int num_kv_heads = 0;
+
+  // The first KV head of rank r. With more ranks than KV heads, each KV head is replicated on
+  // tp / num_kv_heads consecutive ranks, and rank r's query heads all read head r * num_kv_heads / tp.
+  int first_kv_head(int rank) const { return rank * num_kv_heads / tp_size; }
+};
+
+// Throws Error naming the first size that cannot be split: query heads or the MLP width not divisible
+// by tp_size, or KV heads that neither divide by tp_size nor divide it.
+TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int intermediate_size, int64_t vocab_size,
+                                            int tp_size);
 
 }  // namespace nanovllm
 

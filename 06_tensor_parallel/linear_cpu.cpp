@@ -45,4 +45,23 @@ void linear_cpu(float* y, const float* x, const float* W, int n, int in_features
   for (auto& th : pool) th.join();
 }
 
+TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int intermediate_size, int64_t vocab_size,
+                                            int tp_size) {
+  TensorParallelLayout t;
+  t.tp_size = tp_size;
+  t.num_kv_heads = num_kv_heads;
+  if (num_heads % tp_size != 0)
+    fail("num_attention_heads (", num_heads, ") is not divisible by tensor_parallel_size ", tp_size);
+  if (intermediate_size % tp_size != 0)
+    fail("intermediate_size (", intermediate_size, ") is not divisible by tensor_parallel_size ", tp_size);
+  if (num_kv_heads % tp_size != 0 && tp_size % num_kv_heads != 0)
+    fail("num_key_value_heads (", num_kv_heads, ") and tensor_parallel_size ", tp_size,
+         " do not divide one another: the KV heads can be neither split nor replicated evenly");
+  t.heads_per_rank = num_heads / tp_size;
+  t.kv_heads_per_rank = std::max(1, num_kv_heads / tp_size);
+  t.intermediate_per_rank = intermediate_size / tp_size;
+  t.vocab_per_rank = (vocab_size + tp_size - 1) / tp_size;
+  return t;
+}
+
 }  // namespace nanovllm

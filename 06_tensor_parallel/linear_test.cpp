@@ -401,3 +401,42 @@ TEST(Ch06_ShardedMatmul, ColumnThenRowParallelMlpNeedsOneSum) {
     EXPECT_LE(std::sqrt(diff / norm), kTol);
   }
 }
+
+TEST(Ch06_Sharding, PaddedRowShardsCoverTheVocabularyAndPadWithZeros) {
+  // 5 rows over 2 ranks: shards of 3 rows, the second holding rows 3, 4 and a zero row.
+  const std::vector<int> w = {1, 1, 2, 2, 3, 3, 4, 4, 5, 5};
+  EXPECT_EQ(shard_rows_padded(w, 5, 2, 0, 2), (std::vector<int>{1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(shard_rows_padded(w, 5, 2, 1, 2), (std::vector<int>{4, 4, 5, 5, 0, 0}));
+  EXPECT_EQ(shard_rows_padded(w, 5, 2, 0, 1), w);  // one rank: the weight itself
+}
+
+TEST(Ch06_Sharding, LayoutSplitsHeadsAndReplicatesKvHeadsBeyondTheirCount) {
+  // Qwen3-0.6B: 16 query heads, 8 KV heads, MLP 3072, vocabulary 151,936.
+  TensorParallelLayout t = tensor_parallel_layout(16, 8, 3072, 151936, 2);
+  EXPECT_EQ(t.heads_per_rank, 8);
+  EXPECT_EQ(t.kv_heads_per_rank, 4);
+  EXPECT_EQ(t.first_kv_head(1), 4);
+  EXPECT_EQ(t.vocab_per_rank, 75968);
+  // MQA on 4 ranks: every rank holds the one KV head.
+  t = tensor_parallel_layout(8, 1, 64, 1001, 4);
+  EXPECT_EQ(t.kv_heads_per_rank, 1);
+  for (int r = 0; r < 4; r++) EXPECT_EQ(t.first_kv_head(r), 0);
+  EXPECT_EQ(t.vocab_per_rank, 251);  // 1001 padded to 1004
+  // 2 KV heads on 4 ranks: heads 0, 0, 1, 1, matching the query heads each rank holds (GQA groups of 4).
+  t = tensor_parallel_layout(8, 2, 64, 512, 4);
+  EXPECT_EQ(t.first_kv_head(0), 0);
+  EXPECT_EQ(t.first_kv_head(1), 0);
+  EXPECT_EQ(t.first_kv_head(2), 1);
+  EXPECT_EQ(t.first_kv_head(3), 1);
+  for (int r = 0; r < 4; r++)  // rank r's query heads [2r, 2r + 2) read KV head (2r) / 4
+    EXPECT_EQ((r * t.heads_per_rank) / (8 / 2), t.first_kv_head(r));
+}
+
+TEST(Ch06_Sharding, LayoutRefusesWhatCannotSplitNamingTheField) {
+  EXPECT_EQ(test::error_of([] { tensor_parallel_layout(6, 2, 64, 1000, 4); }),
+            "num_attention_heads (6) is not divisible by tensor_parallel_size 4");
+  EXPECT_EQ(test::error_of([] { tensor_parallel_layout(8, 2, 100, 1000, 8); }),
+            "intermediate_size (100) is not divisible by tensor_parallel_size 8");
+  EXPECT_NE(test::error_of([] { tensor_parallel_layout(12, 3, 64, 1000, 2); }).find("num_key_value_heads (3)"),
+            std::string::npos);
+}

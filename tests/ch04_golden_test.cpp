@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "04_model_runner/checkpoint/random_model.h"
 #include "04_model_runner/model_runner.h"
 #include "tests/test_util.h"
 
@@ -40,8 +41,9 @@ std::vector<GoldenCase> load_cases(const std::string& model) {
   return cases;
 }
 
-EngineConfig cpu_config(const std::string& model, int block_size, int num_blocks) {
+EngineConfig cpu_config(const std::string& model, int block_size, int num_blocks, int tp_size = 1) {
   EngineConfig c;
+  c.tensor_parallel_size = tp_size;
   c.model = test::data_path("golden/" + model);
   c.device = "cpu";
   c.kvcache_block_size = block_size;
@@ -68,15 +70,15 @@ std::vector<int> scrambled_blocks(int num_tokens, int block_size, int num_blocks
   return table;
 }
 
-void check_model(const std::string& model) {
+void check_model(const std::string& model, int tp_size = 1) {
   const int block_size = 16, num_blocks = 128;
-  EngineConfig config = cpu_config(model, block_size, num_blocks);
+  EngineConfig config = cpu_config(model, block_size, num_blocks, tp_size);
   ModelRunner runner(config);
   SamplingParams greedy;
   greedy.temperature = 0;
   int64_t id = 0;
   for (const GoldenCase& c : load_cases(model)) {
-    SCOPED_TRACE(model + ", prompt of " + std::to_string(c.prompt.size()) + " tokens");
+    SCOPED_TRACE(model + ", tp " + std::to_string(tp_size) + ", prompt of " + std::to_string(c.prompt.size()) + " tokens");
     Sequence seq(id++, c.prompt, greedy, 0, block_size);
     seq.block_table = scrambled_blocks(seq.num_tokens(), block_size, num_blocks, 0);
     std::vector<float> logits = prefill(runner, seq, seq.num_tokens());
@@ -129,4 +131,49 @@ TEST(Ch04_Golden, BatchedPrefillEqualsOneAtATime) {
     // Greedy sampling took the argmax of each row.
     EXPECT_EQ(tokens[i], int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
   }
+}
+
+// Tensor parallelism: the same logits from 2 and 4 ranks (threads, each with its shard of the weights
+// and KV cache, adding up partial results with CpuCommunicator). tiny-qwen3-a has 2 KV heads: on 4
+// ranks each is replicated twice.
+TEST(Ch04_TensorParallel, TinyQwen3ALogitsMatchTransformersOnTwoAndFourRanks) {
+  check_model("tiny-qwen3-a", 2);
+  check_model("tiny-qwen3-a", 4);
+}
+
+TEST(Ch04_TensorParallel, TinyQwen3BLogitsMatchTransformersOnTwoRanks) { check_model("tiny-qwen3-b", 2); }
+
+TEST(Ch04_TensorParallel, ShapesThatCannotSplitAreRefusedBeforeLoading) {
+  // tiny-qwen3-b has 6 query heads: 4 ranks cannot share them evenly.
+  EngineConfig config = cpu_config("tiny-qwen3-b", 16, 64, 4);
+  EXPECT_EQ(test::error_of([&] { ModelRunner runner(config); }),
+            "num_attention_heads (6) is not divisible by tensor_parallel_size 4");
+}
+
+TEST(Ch04_TensorParallel, MultiQueryAttentionAndAnOddVocabularySplit) {
+  // One KV head (replicated on every rank) and a vocabulary of 1001 (padded per shard): the logits of
+  // 2 and 4 ranks equal those of one rank.
+  test::TempDir dir;
+  ModelConfig mc = ModelConfig::load(test::data_path("golden/tiny-qwen3-a"));
+  mc.num_attention_heads = 8;
+  mc.num_key_value_heads = 1;
+  mc.vocab_size = 1001;
+  write_random_model(mc, dir / "mqa", 7);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<int32_t> prompt(37);
+  for (int i = 0; i < 37; i++) prompt[size_t(i)] = (i * 97 + 5) % 1001;
+  std::vector<std::vector<float>> logits;
+  for (int tp : {1, 2, 4}) {
+    EngineConfig config = cpu_config("tiny-qwen3-a", 16, 32, tp);
+    config.model = dir / "mqa";
+    ModelRunner runner(config);
+    Sequence seq(0, prompt, greedy, 0, 16);
+    seq.block_table = {3, 1, 2};
+    logits.push_back(prefill(runner, seq, seq.num_tokens()));
+    ASSERT_EQ(logits.back().size(), 1001u) << "tp " << tp;
+  }
+  const std::vector<double> want(logits[0].begin(), logits[0].end());
+  EXPECT_LE(relative_error(logits[1], want), 1e-5);
+  EXPECT_LE(relative_error(logits[2], want), 1e-5);
 }

@@ -9,6 +9,7 @@
 
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
+#include "04_model_runner/model_runner.h"
 #include "tests/test_util.h"
 
 using namespace nanovllm;
@@ -111,6 +112,26 @@ TEST(E2E_Engine, SameGreedyOutputsUnderEveryEngineShape) {
   }
   EXPECT_GT(preemptions, 0) << "no configuration preempted: the test lost its point";
   EXPECT_GT(chunks, 0) << "no configuration chunked a prefill";
+}
+
+TEST(E2E_Engine, TensorParallelRanksGiveTheSameGreedyTokens) {
+  // 2 and 4 ranks (4 only where the heads split: tiny-qwen3-a), with chunking and preemption on top.
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load_golden(model);
+    const std::vector<std::vector<int32_t>> reference = completions(LLMEngine(config_for(model)).generate(g.prompts, {greedy(12)}));
+    for (int tp : model == "tiny-qwen3-a" ? std::vector<int>{2, 4} : std::vector<int>{2}) {
+      SCOPED_TRACE(model + " tp " + std::to_string(tp));
+      EngineConfig c = config_for(model);
+      c.tensor_parallel_size = tp;
+      c.kvcache_block_size = 16;
+      c.max_num_batched_tokens = 100;
+      c.num_kvcache_blocks = ceil_div(600 + 12 - 1, 16) + 1;
+      LLMEngine engine(c);
+      EXPECT_EQ(completions(engine.generate(g.prompts, {greedy(12)})), reference);
+      // Every rank ran every step.
+      for (int64_t steps : engine.model_runner().rank_steps()) EXPECT_EQ(steps, engine.stats().steps);
+    }
+  }
 }
 
 TEST(E2E_Engine, SharedPrefixHitsTheCacheAndChangesNothing) {

@@ -107,7 +107,7 @@ ProfiledBackend* profile(ModelRunner& runner) {
   ProfiledBackend* profiler = nullptr;
   runner.wrap_backend([&](std::unique_ptr<Backend> inner) {
     auto wrapped = std::make_unique<ProfiledBackend>(std::move(inner));
-    profiler = wrapped.get();
+    if (!profiler) profiler = wrapped.get();  // rank 0's (with tensor parallelism every rank is wrapped)
     return wrapped;
   });
   runner.set_enforce_eager(true);
@@ -150,6 +150,7 @@ int cmd_bench(const Flags& flags) {
   config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
   if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
   config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
+  config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.trace = flags.has("trace");
   config.seed = flags.get_uint64("seed", 0);
 
@@ -223,6 +224,7 @@ int cmd_bench_step(const Flags& flags) {
   config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
   config.max_model_len = std::max(4096, context);
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
+  config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.validate();
 #ifdef NANOVLLM_CUDA
   attention_kernel_version = int(flags.get_int("attention-version", attention_kernel_version, 1, 3));

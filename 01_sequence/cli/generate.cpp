@@ -156,6 +156,12 @@ int cmd_generate(const Flags& flags) {
                s_if(s.prefill_steps), s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
                (long long)s.decode_tokens, (long long)s.decode_steps, s_if(s.decode_steps),
                s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
+  const std::vector<int64_t>& rank_steps = engine.model_runner().rank_steps();
+  if (rank_steps.size() > 1) {  // every rank ran every step: the proof that the ranks worked together
+    std::string steps;
+    for (int64_t n : rank_steps) steps += " " + std::to_string(n);
+    log("tensor parallel: %zu ranks, steps run by each:%s", rank_steps.size(), steps.c_str());
+  }
   if (engine.scheduler().num_preemptions() || engine.scheduler().block_manager().total_hit_blocks())
     std::fprintf(stderr, "prefix cache: %lld block%s hit; preemptions: %lld\n",
                  (long long)engine.scheduler().block_manager().total_hit_blocks(),

@@ -41,13 +41,14 @@ const std::vector<Command>& commands() {
        "[--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]"},
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
-        "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed"},
+        "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
+        "tensor-parallel-size"},
        {"enforce-eager", "trace", "profile"},
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
       {"bench-step", nanovllm::cmd_bench_step,
        {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
-        "attention-version"},
+        "attention-version", "tensor-parallel-size"},
        {},
        "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
        "step, kernel by kernel, with GB/s"},
