@@ -1,20 +1,58 @@
 #!/usr/bin/env bash
-# The GPU session in one command (for the device machine): build for the H200 (sm_90), run every test
-# binary (GPU tests included), compute-sanitizer over the kernel tests, then the benchmark.
-# Usage: tests/gpu_check.sh [OUT_DIR]   (logs go to OUT_DIR, default build-gpu/logs)
+# The GPU session in one command (for a machine with a CUDA GPU): build for the H200 (sm_90), then the
+# phases named on the command line, in order, each logging under OUT_DIR:
+#   test       every test binary (GPU tests included), a summary line each
+#   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 05-07
+#   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
+#   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
+#   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2
+# Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
 out=${1:-build-gpu/logs}
+shift || true
+phases=${*:-test}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-make -j"$(nproc)" BUILD=build-gpu CUDA_ARCH=90 all $(for c in 01 02 03 04 05 06 07; do echo build-gpu/test_ch$c; done) \
-  build-gpu/test_e2e > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+B=build-gpu
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+start=$(date +%s)
+make -j"$(nproc)" BUILD=$B CUDA_ARCH=90 all $(for c in 01 02 03 04 05 06 07; do echo $B/test_ch$c; done) \
+  $B/test_e2e $B/test_book > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
 status=0
-for t in build-gpu/test_ch0{1,2,3,4,5,6,7} build-gpu/test_e2e; do
-  "$t" --gtest_brief=1 > "$out/$(basename "$t").log" 2>&1 || status=1
-  tail -3 "$out/$(basename "$t").log" | sed "s|^|$(basename "$t"): |"
+for phase in $phases; do
+  t0=$(date +%s)
+  case $phase in
+    test)
+      for t in $B/test_ch0{1,2,3,4,5,6,7} $B/test_e2e $B/test_book; do
+        "$t" --gtest_brief=1 > "$out/$(basename "$t").log" 2>&1 || status=1
+        echo "$(basename "$t"): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$(basename "$t").log" | tr '\n' ' ')"
+      done ;;
+    sanitize)
+      for c in 05 06 07; do
+        for tool in memcheck racecheck; do
+          compute-sanitizer --tool $tool --error-exitcode 9 $B/test_ch$c --gtest_filter="Ch${c}_*Cuda*" \
+            > "$out/$tool-ch$c.log" 2>&1
+          echo "$tool ch$c: exit $? $(grep -m1 'ERROR SUMMARY' "$out/$tool-ch$c.log")"
+        done
+      done ;;
+    bench)
+      $B/nanovllm bench --random qwen3-0.6b 2>&1 | tee "$out/bench.log" | grep -E "Total|prefill steps|decode reads"
+      $B/nanovllm bench --random qwen3-0.6b --profile > "$out/bench-profile.log" 2>&1
+      grep -E "attention|linear|kernels|Total" "$out/bench-profile.log" ;;
+    step)
+      for b in 1 16 64 256; do
+        $B/nanovllm bench-step --random qwen3-0.6b --batch $b > "$out/step-$b.log" 2>&1
+        echo "batch $b: $(grep -E 'step time' "$out/step-$b.log")"
+      done
+      for v in $($B/nanovllm bench-step --help | grep -oE 'versions?: [0-9 ,]+' | grep -oE '[0-9]+'); do
+        $B/nanovllm bench-step --random qwen3-0.6b --batch 256 --attention-version $v > "$out/step-256-v$v.log" 2>&1
+        echo "v$v: $(grep -E 'attention decode' "$out/step-256-v$v.log")"
+      done ;;
+    tp)
+      $B/test_ch04 --gtest_filter='*TensorParallel*' --gtest_brief=1 2>&1 | tail -3
+      $B/test_ch06 --gtest_filter='*AllReduce*' --gtest_brief=1 2>&1 | tail -3
+      $B/nanovllm bench --random qwen3-0.6b --tensor-parallel-size 2 2>&1 | tee "$out/bench-tp2.log" | grep -E "Total" ;;
+  esac
+  echo "$phase: $(( $(date +%s) - t0 )) s"
 done
-if [ "${SANITIZE_GPU:-1}" = 1 ]; then
-  compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/test_ch05 --gtest_filter='*Cuda*' > "$out/memcheck.log" 2>&1
-  echo "memcheck ch05: exit $? $(grep -c 'ERROR SUMMARY: 0 errors' "$out/memcheck.log") clean summaries"
-fi
 exit $status
