@@ -20,7 +20,8 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   float best = -INFINITY;
   int best_index = INT_MAX;
   for (int i = threadIdx.x; i < vocab_size; i += kThreads) {
-    float score = row.temperature == 0 ? l[i] : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
+    float score = samples_greedily(row.temperature) ? l[i]
+                                                    : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
     if (better(score, i, best, best_index)) best = score, best_index = i;
   }
   // Reduce over the warp, then over the warps.

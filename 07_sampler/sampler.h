@@ -47,9 +47,16 @@ SAMPLER_HD inline float gumbel_noise(uint64_t seed, uint64_t step, uint32_t inde
   return -logf(-logf(sampler_uniform(seed, step, index)));
 }
 
+// Temperatures below 1e-5 sample greedily (the argmax). logits / T must stay finite: at T = 1e-40 every
+// positive logit became +inf and the first of them won (token 0 where greedy gives 492); from 1e-5 up, a
+// logit would need |l| > 3.4e33 to overflow. Nothing is lost: the Gumbel noise spans less than 19.5
+// (u is in [2^-24, 1 - 2^-24]), so at T < 1e-5 only tokens within 2e-4 of the maximum logit could win,
+// a difference below the precision the logits are computed to (bf16 weights).
+SAMPLER_HD inline bool samples_greedily(float temperature) { return temperature < 1e-5f; }
+
 // Per-row sampling settings.
 struct SamplingRow {
-  float temperature;  // 0 = greedy
+  float temperature;  // 0 = greedy (so is anything below 1e-5: samples_greedily)
   int top_k;          // 0 = off
   float top_p;        // 1 = off
   uint64_t seed;

@@ -8,7 +8,7 @@
 namespace nanovllm {
 
 int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& row) {
-  if (row.temperature == 0) {  // greedy: first index of the maximum
+  if (samples_greedily(row.temperature)) {  // greedy: first index of the maximum
     int best = 0;
     for (int i = 1; i < vocab_size; i++)
       if (logits[i] > logits[best]) best = i;

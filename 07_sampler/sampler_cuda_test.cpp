@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
+#include <algorithm>
+
 #include "07_sampler/sampler.h"
 #include "tests/cuda_test_util.h"
 
@@ -31,6 +33,26 @@ TEST(Ch07_SamplerCuda, SameTokensAsCpu) {
     sample_cuda(d_tokens.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0);
     EXPECT_EQ(d_tokens.get(), want) << "vocab " << vocab;
   }
+}
+
+TEST(Ch07_SamplerCuda, TinyTemperaturesGiveTheArgmax) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  const int rows = 8, vocab = 151936;
+  std::vector<float> logits = random_bf16_values(size_t(rows) * vocab, rng, 3.0f);
+  std::vector<SamplingRow> settings(rows);
+  std::vector<int32_t> want(rows);
+  for (int b = 0; b < rows; b++) {
+    settings[b] = {b % 2 ? 1e-40f : 1e-10f, 0, 1.0f, uint64_t(rng()), uint64_t(b)};
+    const float* row = logits.data() + size_t(b) * vocab;
+    want[b] = int32_t(std::max_element(row, row + vocab) - row);
+  }
+  DeviceArray<float> d_logits(logits);
+  DeviceArray<SamplingRow> d_rows(settings);
+  DeviceArray<int32_t> d_tokens{static_cast<size_t>(rows)};
+  d_tokens.poison();
+  sample_cuda(d_tokens.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0);
+  EXPECT_EQ(d_tokens.get(), want);
 }
 
 #else

@@ -207,6 +207,21 @@ TEST(Ch07_Greedy, TemperatureZeroIgnoresTopKAndTopP) {
   }
 }
 
+TEST(Ch07_Greedy, TinyTemperaturesGiveTheArgmax) {
+  // As T -> 0, softmax(logits / T) concentrates on the argmax. logits / 1e-40 overflows to +-inf, and
+  // the first positive logit won; below the threshold the sampler is greedy, whatever the filters.
+  Rng rng(702);
+  std::vector<float> logits(5000);
+  for (float T : {1e-40f, 1e-30f, 1e-10f, 1e-6f}) {
+    for (int trial = 0; trial < 20; trial++) {
+      for (float& x : logits) x = rng.uniform(-20, 20);
+      const int expected = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const SamplingRow row{T, trial % 3 == 1 ? 50 : 0, trial % 3 == 2 ? 0.9f : 1.0f, rng.next(), rng.next()};
+      EXPECT_EQ(sample(logits, row), expected) << "T " << T << ", trial " << trial;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The uniform numbers
 

@@ -27,3 +27,15 @@ TEST(E2E_Reliability, HugeMaxTokensIsRefusedUpFront) {
     EXPECT_EQ(r.out, "");
   }
 }
+
+TEST(E2E_Reliability, TinyTemperatureIsGreedy) {
+  // --temperature 1e-40 made logits / T overflow to inf: "0 0 0" where greedy gives "492 496 496".
+  const std::string args = "generate" + kCpuA + " --prompt-ids 5,6,7 --max-tokens 3 --ignore-eos --json --temperature ";
+  auto greedy = run_nanovllm(args + "0");
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  for (const char* t : {"1e-40", "1e-30", "1e-10"}) {
+    auto r = run_nanovllm(args + t);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, greedy.out) << "--temperature " << t;
+  }
+}
