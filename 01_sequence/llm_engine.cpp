@@ -58,6 +58,10 @@ std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>*
   std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before) : "";
 
   std::vector<int32_t> tokens = model_runner_->run(seqs, is_prefill, logits);
+  for (size_t i = 0; i < seqs.size(); i++)  // the sampler's -1: NaN or Inf in the logits
+    if (tokens[i] < 0)
+      fail("step ", stats_.steps + 1, ": non-finite logits (NaN or Inf) for request ", seqs[i]->seq_id,
+           "; the checkpoint's weights may hold NaN or Inf");
   scheduler_->postprocess(seqs, tokens, is_prefill);
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

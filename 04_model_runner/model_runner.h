@@ -46,7 +46,8 @@ class ModelRunner {
   ~ModelRunner();
 
   // Runs one scheduled step and returns the sampled token of each sequence (for a prefill chunk that
-  // does not finish its prompt, a token the scheduler will discard). If `logits` is given it receives
+  // does not finish its prompt, a token the scheduler will discard; -1 for a sequence whose logits hold
+  // a NaN or an infinity). If `logits` is given it receives
   // the (B, vocab) logits the tokens were sampled from.
   std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits = nullptr);
 

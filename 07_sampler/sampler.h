@@ -63,7 +63,8 @@ struct SamplingRow {
   uint64_t step;      // index of the token being generated (the sequence's length before it)
 };
 
-// Picks one token from one row of `vocab_size` logits.
+// Picks one token from one row of `vocab_size` logits; -1 when the row holds a NaN or its maximum is not
+// finite (the engine fails the step rather than emit a token from broken logits; -Inf entries are fine).
 int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& row);
 
 // Batched: tokens[b] = sample_row_cpu(logits + b * vocab_size, vocab_size, rows[b]).
@@ -72,7 +73,7 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 }  // namespace nanovllm
 
 // CUDA (sampler.cu): greedy and temperature (Gumbel-max) sampling, one block per row; the same random
-// numbers as the CPU. Rows asking for top-k or top-p are not handled here: the model runner samples
+// numbers as the CPU, and the same -1 for a row with a non-finite logit. Rows asking for top-k or top-p are not handled here: the model runner samples
 // those on the CPU (sample_cpu).
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/cuda_utils.h"

@@ -222,6 +222,20 @@ TEST(Ch07_Greedy, TinyTemperaturesGiveTheArgmax) {
   }
 }
 
+TEST(Ch07_Greedy, NonFiniteLogitsGiveNoToken) {
+  // NaN logits came out as token 0 (NaN never compares greater) and +Inf won outright: both mean the
+  // model's numbers broke, so every mode returns -1 and the engine fails the step. -Inf is a masked
+  // entry, but a row with nothing else has no token either.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> broken = {
+      {nan, 1, 2}, {1, 2, nan}, {nan, nan, nan}, {1, kInf, 2}, {-kInf, -kInf, -kInf}, {kInf, -kInf, nan}};
+  const SamplingRow rows[] = {greedy_row(), sampled(1.0f), sampled(0.6f, 2), sampled(0.6f, 0, 0.5f), sampled(1e-30f)};
+  for (size_t k = 0; k < broken.size(); k++)
+    for (const SamplingRow& row : rows)
+      EXPECT_EQ(sample(broken[k], row), -1) << "row " << k << ", temperature " << row.temperature;
+  for (const SamplingRow& row : rows) EXPECT_EQ(sample({-kInf, 3, -kInf}, row), 1);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The uniform numbers
 

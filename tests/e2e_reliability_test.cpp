@@ -2,8 +2,12 @@
 // outside, each run as a user would, checking the exit code, the one error line and the output.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "04_model_runner/safetensors.h"
 #include "tests/test_util.h"
 
 using namespace nanovllm;
@@ -13,6 +17,32 @@ namespace {
 
 const std::string kModelA = test::data_path("golden/tiny-qwen3-a");
 const std::string kCpuA = " --device cpu --model " + kModelA;
+
+// A scratch folder, removed at the end.
+struct ScratchDir {
+  std::string path;
+  ScratchDir() {
+    char name[] = "/tmp/nanovllm-reliability-XXXXXX";
+    path = mkdtemp(name);
+  }
+  ~ScratchDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+// Copies checkpoint A into `dir`, letting `edit` change the bytes of tensor `name`.
+void copy_model_a(const std::string& dir, const std::string& name, const std::function<void(std::vector<uint8_t>&)>& edit) {
+  Checkpoint a = Checkpoint::open(kModelA);
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const std::string& n : a.names()) bytes.emplace_back(a.find(n)->data, a.find(n)->data + a.find(n)->nbytes);
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < bytes.size(); i++) {
+    const TensorView& v = *a.find(a.names()[i]);
+    if (v.name == name) edit(bytes[i]);
+    tensors.push_back({v.name, v.dtype, v.shape, bytes[i].data(), {}});
+  }
+  write_safetensors(dir + "/model.safetensors", tensors);
+  for (const char* f : {"config.json", "generation_config.json"})
+    write_text_file(dir + "/" + f, read_text_file(kModelA + "/" + f));
+}
 
 }  // namespace
 
@@ -37,5 +67,24 @@ TEST(E2E_Reliability, TinyTemperatureIsGreedy) {
     auto r = run_nanovllm(args + t);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, greedy.out) << "--temperature " << t;
+  }
+}
+
+TEST(E2E_Reliability, NonFiniteLogitsFailTheStep) {
+  // A NaN weight made every logit NaN, and NaN logits came out as token 0. Now the step fails, for
+  // generate and logits alike, and the error names the step and the request.
+  for (uint16_t poison : {uint16_t(0x7fc0), uint16_t(0x7f80)}) {  // bf16 NaN, +Inf
+    ScratchDir dir;
+    copy_model_a(dir.path, "model.norm.weight", [&](std::vector<uint8_t>& b) { std::memcpy(b.data(), &poison, 2); });
+    const std::string m = " --device cpu --model " + dir.path;
+    auto r = run_nanovllm("generate" + m + " --prompt-ids 1,2,3 --max-tokens 3 --ignore-eos");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err,
+              "error: step 1: non-finite logits (NaN or Inf) for request 0; the checkpoint's weights may hold NaN or Inf\n");
+    EXPECT_EQ(r.out, "");
+    auto l = run_nanovllm("logits" + m + " --prompt-ids 1,2,3");
+    EXPECT_EQ(l.exit_code, 1);
+    EXPECT_TRUE(test::is_one_error_line(l.err)) << l.err;
+    EXPECT_NE(l.err.find("non-finite logits"), std::string::npos) << l.err;
   }
 }
