@@ -2,6 +2,7 @@
 #include "04_model_runner/qwen3.h"
 
 #include <cmath>
+#include <set>
 
 #include "04_model_runner/layers.h"
 #include "06_tensor_parallel/linear.h"
@@ -61,6 +62,21 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
   divide(c.num_attention_heads, tp_size, "num_attention_heads");
   divide(c.num_key_value_heads, tp_size, "num_key_value_heads");
   const int64_t I_part = divide(I, tp_size, "intermediate_size");
+
+  // Every tensor must be one config.json describes: more layers in the checkpoint than in the config,
+  // or a misnamed weight, would otherwise be left out without a word. Harmless extras: rotary inverse
+  // frequencies (we compute them from rope_theta) and a tied checkpoint's copy of the embedding.
+  std::set<std::string> expected;
+  for (const TensorSpec& spec : qwen3_checkpoint_layout(c)) expected.insert(spec.name);
+  const std::string inv_freq = ".rotary_emb.inv_freq";
+  for (const std::string& name : checkpoint.names()) {
+    const bool harmless = (name.size() >= inv_freq.size() &&
+                           name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0) ||
+                          (c.tie_word_embeddings && name == "lm_head.weight");
+    if (!expected.count(name) && !harmless)
+      fail(checkpoint.dir(), ": unexpected tensor '", name, "': config.json describes no such weight (num_hidden_layers ",
+           c.num_hidden_layers, ", tie_word_embeddings ", c.tie_word_embeddings ? "true" : "false", ")");
+  }
 
   std::vector<float> embed = loader.read("model.embed_tokens.weight", {V, H});
   w.embed_tokens = loader.upload(shard_rows(embed, V, H, tp_rank, tp_size), {V_part, H});

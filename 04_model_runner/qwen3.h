@@ -36,7 +36,8 @@ struct Qwen3Weights {
 };
 
 // Reads every weight this rank needs from the checkpoint, checks shapes against the config, converts to
-// the backend's weight dtype, shards and packs (06_tensor_parallel), and uploads.
+// the backend's weight dtype, shards and packs (06_tensor_parallel), and uploads. A tensor the config
+// does not describe is an Error naming it (rotary inv_freq buffers and a tied lm_head.weight excepted).
 Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, const ModelConfig& config,
                                 int tp_rank, int tp_size);
 
