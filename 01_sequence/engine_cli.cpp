@@ -130,7 +130,7 @@ int cmd_generate(const Flags& flags) {
       if (tokenizer) line.set("text", out.text);
       std::cout << line.dump() << "\n";
     } else if (tokenizer) {  // as nano-vllm's example.py: the prompt and the completion, quoted
-      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids) : prompt_texts[i];
+      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids, true) : prompt_texts[i];
       std::string line = "Prompt: ";
       json_append_quoted(line, prompt);
       line += "\nCompletion: ";

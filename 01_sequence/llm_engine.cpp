@@ -83,7 +83,7 @@ std::vector<GenerateOutput> LLMEngine::step(int* num_tokens, std::vector<float>*
     out.token_ids = s->completion_token_ids();
     out.num_prefix_hit_blocks = s->num_prefix_hit_blocks;
     out.num_preemptions = s->num_preemptions;
-    if (tokenizer_) out.text = tokenizer_->decode(out.token_ids);
+    if (tokenizer_) out.text = tokenizer_->decode(out.token_ids, /*skip_unknown=*/true);  // ids past the tokenizer: ""
     finished.push_back(std::move(out));
     sequences_.erase(s->seq_id);
   }

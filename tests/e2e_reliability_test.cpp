@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "01_sequence/llm_engine.h"
+#include "01_sequence/tokenizer.h"
 #include "04_model_runner/safetensors.h"
 #include "tests/test_util.h"
 
@@ -87,4 +89,55 @@ TEST(E2E_Reliability, NonFiniteLogitsFailTheStep) {
     EXPECT_TRUE(test::is_one_error_line(l.err)) << l.err;
     EXPECT_NE(l.err.find("non-finite logits"), std::string::npos) << l.err;
   }
+}
+
+TEST(E2E_Reliability, IdsTheTokenizerLacksDecodeToNothing) {
+  // Qwen3's embedding has 151,936 rows and its tokenizer 151,669 ids: a sampled id in between ended the
+  // run with "unknown token id" and every output was lost. Here the same on a small scale: model A
+  // (512 ids) with a tokenizer of only the 256 byte tokens of Qwen3's (ids 0-255, no merges). As in
+  // Hugging Face's decode, such an id decodes to nothing; token_ids keep it.
+  ScratchDir dir;
+  Json tokenizer = test::read_json(data_dir() + "/qwen3-tokenizer/tokenizer.json");
+  Json vocab = Json::object();
+  for (const auto& [token, id] : tokenizer.at("model").at("vocab").as_object())
+    if (id.as_int64() < 256) vocab.set(token, id);
+  Json model = tokenizer.at("model");
+  model.set("vocab", vocab);
+  model.set("merges", Json::array());
+  tokenizer.set("model", model);
+  tokenizer.set("added_tokens", Json::array());
+  write_text_file(dir.path + "/tokenizer.json", tokenizer.dump());
+
+  EngineConfig config;
+  config.model = kModelA;
+  config.device = "cpu";
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 16;
+  greedy.ignore_eos = true;
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {300, 301, 302, 303}, {7, 400, 9, 100}};
+  const std::vector<GenerateOutput> plain = LLMEngine(config).generate(prompts, {greedy});  // no tokenizer
+  config.tokenizer = dir.path;
+  LLMEngine engine(config);
+  ASSERT_EQ(engine.tokenizer()->vocab_size(), 256);
+  std::vector<GenerateOutput> outputs;
+  ASSERT_EQ(test::error_of([&] { outputs = engine.generate(prompts, {greedy}); }), "");
+  int unknown = 0;
+  for (size_t i = 0; i < prompts.size(); i++) {
+    EXPECT_EQ(outputs[i].token_ids, plain[i].token_ids);
+    std::vector<int32_t> known;
+    for (int32_t t : outputs[i].token_ids) (t < 256 ? known.push_back(t) : void(unknown++));
+    EXPECT_EQ(outputs[i].text, engine.tokenizer()->decode(known));
+  }
+  EXPECT_GT(unknown, 0) << "no generated id beyond the tokenizer: the test tests nothing";
+  // The standalone detokenize keeps refusing them.
+  EXPECT_NE(test::error_of([&] { engine.tokenizer()->decode({1, 300}); }).find("unknown token id 300"), std::string::npos);
+}
+
+TEST(E2E_Reliability, PaddingIdsInAPromptAreNotAnError) {
+  // The embedded default has Qwen3's 151,936-row embedding and its 151,669-id tokenizer; ids in between
+  // are valid for the model, and the printed prompt decodes them to nothing.
+  auto r = run_nanovllm("generate --device cpu --prompt-ids 151832,151700 --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Prompt: \"\"\nCompletion: \"", 0), 0u) << r.out;
 }
