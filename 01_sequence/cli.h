@@ -41,6 +41,12 @@ class Flags {
   std::vector<std::pair<std::string, std::string>> in_order_;
 };
 
+// Output that never arrived is an error, not a success: both throw Error "cannot write to stdout:
+// <reason>" when a write failed (a full disk, a closed stdout). write_stdout writes `text` to stdout;
+// flush_stdout flushes std::cout and stdout (main() calls it after every command).
+void write_stdout(const std::string& text);
+void flush_stdout();
+
 // Subcommands that need nothing beyond chapters 01-03 live beside their chapter; main() dispatches.
 int cmd_hash_blocks(const Flags& flags);      // 03_block_manager/hash_blocks_cli.cpp
 int cmd_tokenize(const Flags& flags);         // 01_sequence/text_cli.cpp

@@ -128,18 +128,19 @@ int cmd_generate(const Flags& flags) {
       line.set("prompt_token_ids", prompt_ids);
       line.set("token_ids", token_ids);
       if (tokenizer) line.set("text", out.text);
-      std::cout << line.dump() << "\n";
+      write_stdout(line.dump() + "\n");
     } else if (tokenizer) {  // as nano-vllm's example.py: the prompt and the completion, quoted
       std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids, true) : prompt_texts[i];
       std::string line = "Prompt: ";
       json_append_quoted(line, prompt);
       line += "\nCompletion: ";
       json_append_quoted(line, out.text);
-      std::cout << line << "\n";
+      write_stdout(line + "\n");
     } else {
-      std::cout << "Prompt " << i << ": " << out.prompt_token_ids.size() << " tokens\nCompletion " << i << ":";
-      for (int32_t t : out.token_ids) std::cout << " " << t;
-      std::cout << "\n";
+      std::string line = "Prompt " + std::to_string(i) + ": " + std::to_string(out.prompt_token_ids.size()) +
+                         " tokens\nCompletion " + std::to_string(i) + ":";
+      for (int32_t t : out.token_ids) line += " " + std::to_string(t);
+      write_stdout(line + "\n");
     }
   }
   const EngineStats& s = engine.stats();
@@ -173,7 +174,7 @@ int cmd_logits(const Flags& flags) {
     json_append_float(out, logits[i]);
   }
   out += "]\n";
-  std::cout << out;
+  write_stdout(out);
   return 0;
 }
 

@@ -3,6 +3,10 @@
 //
 // Exit codes: 0 success, 1 failure (bad file, bad request), 2 usage error. Errors are one stderr line
 // "error: ...".
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -84,19 +88,29 @@ void print_usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed stdout would make every result vanish (and let the next file opened take descriptor 1):
+  // refuse before doing any work.
+  if (fcntl(STDOUT_FILENO, F_GETFD) == -1) {
+    std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+    return 1;
+  }
   if (argc < 2) {
     std::fprintf(stderr, "error: no command given (try: nanovllm help)\n");
     return 2;
   }
   if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
     print_usage(stdout);
-    return 0;
+    if (std::fflush(stdout) == 0) return 0;
+    std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+    return 1;
   }
   for (const Command& c : commands()) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
     try {
       nanovllm::Flags flags(argc - 2, argv + 2, c.value_flags, c.switches);
-      return c.run(flags);
+      const int code = c.run(flags);
+      nanovllm::flush_stdout();  // a failed write is an error, even at the very end
+      return code;
     } catch (const nanovllm::UsageError& e) {
       std::fprintf(stderr, "error: %s (usage: nanovllm %s)\n", e.what(), c.usage);
       return 2;

@@ -49,8 +49,8 @@ int for_each_json_line(Handler handle) {
       fail(source, ": ", e.what());
     }
     out += '\n';
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    std::fflush(stdout);
+    write_stdout(out);
+    flush_stdout();  // at once: a failed write stops the command
   }
   return 0;
 }

@@ -38,7 +38,8 @@ int cmd_hash_blocks(const Flags& flags) {
       out += std::to_string(h);
     }
     out += "]\n";
-    std::cout << out << std::flush;
+    write_stdout(out);
+    flush_stdout();
   }
   return 0;
 }

@@ -2,6 +2,8 @@
 // outside, each run as a user would, checking the exit code, the one error line and the output.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cstring>
 #include <functional>
 #include <string>
@@ -30,6 +32,18 @@ struct ScratchDir {
   ~ScratchDir() { std::system(("rm -rf '" + path + "'").c_str()); }
 };
 
+// Runs build/nanovllm `args` with `input` on stdin and stdout redirected by `stdout_redirect` (a shell
+// redirection such as ">/dev/full" or ">&-"); returns the exit code and stderr.
+test::CommandResult run_with_stdout(const std::string& args, const std::string& input,
+                                    const std::string& stdout_redirect) {
+  ScratchDir dir;
+  write_text_file(dir.path + "/in", input);
+  const std::string command =
+      test::nanovllm_binary() + " " + args + " <" + dir.path + "/in " + stdout_redirect + " 2>" + dir.path + "/err";
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), "", test::read_file(dir.path + "/err")};
+}
+
 // Copies checkpoint A into `dir`, letting `edit` change the bytes of tensor `name`.
 void copy_model_a(const std::string& dir, const std::string& name, const std::function<void(std::vector<uint8_t>&)>& edit) {
   Checkpoint a = Checkpoint::open(kModelA);
@@ -44,6 +58,13 @@ void copy_model_a(const std::string& dir, const std::string& name, const std::fu
   write_safetensors(dir + "/model.safetensors", tensors);
   for (const char* f : {"config.json", "generation_config.json"})
     write_text_file(dir + "/" + f, read_text_file(kModelA + "/" + f));
+}
+
+// The last line of `text`, without its newline: where a command that printed progress first puts its
+// error.
+std::string last_line(std::string text) {
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
 }
 
 }  // namespace
@@ -140,4 +161,32 @@ TEST(E2E_Reliability, PaddingIdsInAPromptAreNotAnError) {
   auto r = run_nanovllm("generate --device cpu --prompt-ids 151832,151700 --max-tokens 2");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("Prompt: \"\"\nCompletion: \"", 0), 0u) << r.out;
+}
+
+TEST(E2E_Reliability, FailedWritesToStdoutAreErrors) {
+  // With stdout on a full device or closed, every command exited 0 having written nothing.
+  struct Case {
+    std::string args, input;
+  };
+  const Case cases[] = {
+      {"generate" + kCpuA + " --prompt-ids 1,2,3 --max-tokens 2", ""},
+      {"generate" + kCpuA + " --prompt-ids 1,2,3 --max-tokens 2 --json", ""},
+      {"logits" + kCpuA + " --prompt-ids 1,2,3", ""},
+      {"tokenize", "\"hello\"\n\"world\"\n"},
+      {"detokenize", "[9707]\n[11]\n"},
+      {"chat-template", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n"},
+      {"hash-blocks --block-size 2", "[1,2,3,4]\n[5,6]\n"},
+      {"help", ""},
+  };
+  for (const Case& c : cases) {
+    auto ok = run_nanovllm(c.args, c.input);
+    ASSERT_EQ(ok.exit_code, 0) << c.args << ": " << ok.err;  // the same command works with a real stdout
+    ASSERT_NE(ok.out, "") << c.args;
+    auto full = run_with_stdout(c.args, c.input, ">/dev/full");
+    EXPECT_EQ(full.exit_code, 1) << c.args;
+    EXPECT_EQ(last_line(full.err), "error: cannot write to stdout: No space left on device") << c.args << ": " << full.err;
+    auto closed = run_with_stdout(c.args, c.input, ">&-");
+    EXPECT_EQ(closed.exit_code, 1) << c.args;
+    EXPECT_EQ(closed.err, "error: cannot write to stdout: Bad file descriptor\n") << c.args;
+  }
 }
