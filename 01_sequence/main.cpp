@@ -60,9 +60,9 @@ const std::vector<Command>& commands() {
       {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},
        "hash-blocks [--block-size N]   stdin: JSON Lines of token-id arrays -> the chained xxh64 of each "
        "full block"},
-      {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {},
-       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]   a checkpoint with random bf16 "
-       "weights shaped like a real Qwen3"},
+      {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {"force"},
+       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR] [--force]   a checkpoint with random "
+       "bf16 weights shaped like a real Qwen3 (--force: overwrite a folder that is not empty)"},
       {"tokenize", nanovllm::cmd_tokenize, {"tokenizer"}, {},
        "tokenize [--tokenizer DIR]   stdin: JSON Lines of strings -> one JSON array of token ids per line"},
       {"detokenize", nanovllm::cmd_detokenize, {"tokenizer"}, {},

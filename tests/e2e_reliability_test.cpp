@@ -190,3 +190,15 @@ TEST(E2E_Reliability, FailedWritesToStdoutAreErrors) {
     EXPECT_EQ(closed.err, "error: cannot write to stdout: Bad file descriptor\n") << c.args;
   }
 }
+
+TEST(E2E_Reliability, RandomModelRefusesAFolderThatIsNotEmpty) {
+  ScratchDir dir;
+  write_text_file(dir.path + "/config.json", "{}");
+  auto r = run_nanovllm("random-model --preset tiny --out " + dir.path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + ": the folder is not empty (give a new or empty folder, or --force to overwrite)\n");
+  EXPECT_EQ(read_text_file(dir.path + "/config.json"), "{}");
+  r = run_nanovllm("random-model --preset tiny --out " + dir.path + " --force");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(read_text_file(dir.path + "/config.json"), "{}");
+}
