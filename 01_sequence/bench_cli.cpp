@@ -83,6 +83,21 @@ class PythonRandom {
   int index_ = kN + 1;
 };
 
+// build/data/random-PRESET, written on first use (see ensure_random_model). An unknown preset is a usage
+// error, found before anything is written.
+std::string random_checkpoint(const std::string& preset, bool announce) {
+  try {
+    random_model_config(preset);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--random: ") + e.what());
+  }
+  const std::string dir = data_dir() + "/random-" + preset;
+  if (announce && !is_complete_random_model(dir, /*with_tokenizer=*/false))
+    std::fprintf(stderr, "writing random %s weights to %s ...\n", preset.c_str(), dir.c_str());
+  ensure_random_model(preset, dir, 0);
+  return dir;
+}
+
 }  // namespace
 
 int cmd_bench(const Flags& flags) {
@@ -93,14 +108,7 @@ int cmd_bench(const Flags& flags) {
   // The model: a checkpoint, or random weights of a real model's shape (speed does not depend on values).
   std::string model = flags.get("model");
   if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
-  if (flags.has("random")) {
-    const std::string preset = flags.get("random");
-    model = data_dir() + "/random-" + preset;
-    if (!is_regular_file(model + "/config.json")) {
-      std::fprintf(stderr, "writing random %s weights to %s ...\n", preset.c_str(), model.c_str());
-      write_random_model(preset, model, 0);
-    }
-  }
+  if (flags.has("random")) model = random_checkpoint(flags.get("random"), /*announce=*/true);
 
   // bench.py's workload.
   PythonRandom rng(0);
@@ -195,10 +203,7 @@ int cmd_bench_step(const Flags& flags) {
   const int iterations = int(flags.get_int("iters", 20, 1, 100000));
   std::string model = flags.get("model");
   if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
-  if (flags.has("random")) {
-    model = data_dir() + "/random-" + flags.get("random");
-    if (!is_regular_file(model + "/config.json")) write_random_model(flags.get("random"), model, 0);
-  }
+  if (flags.has("random")) model = random_checkpoint(flags.get("random"), /*announce=*/false);
   EngineConfig config;
   config.model = model;
   config.device = flags.get("device");

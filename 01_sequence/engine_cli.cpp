@@ -43,14 +43,13 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 // Without --model, `generate` runs on an embedded default: a tiny Qwen3 with random weights and the
-// real Qwen3 tokenizer, written under build/data the first time. Its text is gibberish, but every part
-// of the engine runs on it.
+// real Qwen3 tokenizer, written under build/data the first time (safely when several runs start at
+// once, see ensure_random_model). Its text is gibberish, but every part of the engine runs on it.
 std::string default_model() {
   const std::string dir = data_dir() + "/tiny-random-qwen3";
-  if (!is_regular_file(dir + "/config.json")) {
+  if (!is_complete_random_model(dir, /*with_tokenizer=*/true))
     std::fprintf(stderr, "no --model given: writing a tiny random-weight Qwen3 to %s\n", dir.c_str());
-    write_random_model("tiny", dir, 0, data_dir() + "/qwen3-tokenizer");
-  }
+  ensure_random_model("tiny", dir, 0, data_dir() + "/qwen3-tokenizer");
   return dir;
 }
 

@@ -3,8 +3,10 @@
 // and the command line.
 #include "04_model_runner/random_model.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -249,4 +251,29 @@ TEST(Ch04_RandomModel, CommandLine) {
   EXPECT_NE(read_bytes(dir / "m/model.safetensors"), seed5);
   TempDir empty;
   EXPECT_EQ(run({"--preset", "tiny", "--out", empty.path()}), 0);  // an empty folder is fine
+}
+
+TEST(Ch04_RandomModel, EnsureWritesOnceAndAtomically) {
+  TempDir dir;
+  const std::string model = dir / "m";
+  EXPECT_TRUE(ensure_random_model("tiny", model, 3));
+  EXPECT_TRUE(is_complete_random_model(model, false));
+  EXPECT_FALSE(is_complete_random_model(model, true));  // no tokenizer was asked for
+  const std::vector<uint8_t> bytes = read_bytes(model + "/model.safetensors");
+  EXPECT_FALSE(ensure_random_model("tiny", model, 3));  // complete: left alone
+  EXPECT_EQ(read_bytes(model + "/model.safetensors"), bytes);
+  TempDir again;
+  write_random_model("tiny", again.path(), 3);  // the same bytes as a direct write
+  EXPECT_EQ(read_bytes(again / "model.safetensors"), bytes);
+  // Nothing but the model folder: the temporary one was renamed away.
+  DIR* d = opendir(dir.path().c_str());
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) names.push_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".", "..", "m"}));
+  // A folder left incomplete (by an older writer) is not guessed at.
+  std::remove((model + "/config.json").c_str());
+  EXPECT_EQ(error_of([&] { ensure_random_model("tiny", model, 3); }),
+            model + ": exists but is incomplete (an interrupted earlier run?); delete it");
 }

@@ -2,10 +2,16 @@
 // outside, each run as a user would, checking the exit code, the one error line and the output.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -201,4 +207,128 @@ TEST(E2E_Reliability, RandomModelRefusesAFolderThatIsNotEmpty) {
   r = run_nanovllm("random-model --preset tiny --out " + dir.path + " --force");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(read_text_file(dir.path + "/config.json"), "{}");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The checkpoints written on first use: the embedded default and `bench --random`.
+
+namespace {
+
+// A fresh data folder (NANOVLLM_DATA_DIR) holding only a link to the tokenizer `make` unpacked: the
+// default model copies it from there.
+struct FreshDataDir : ScratchDir {
+  FreshDataDir() {
+    EXPECT_EQ(symlink((data_dir() + "/qwen3-tokenizer").c_str(), (path + "/qwen3-tokenizer").c_str()), 0);
+  }
+  std::set<std::string> entries() const {
+    std::set<std::string> names;
+    DIR* d = opendir(path.c_str());
+    while (dirent* e = d ? readdir(d) : nullptr)
+      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.insert(e->d_name);
+    if (d) closedir(d);
+    return names;
+  }
+};
+
+bool has_all_files(const std::string& dir, bool with_tokenizer) {
+  std::vector<std::string> files = {"config.json", "generation_config.json", "model.safetensors"};
+  if (with_tokenizer) files.insert(files.end(), {"tokenizer.json", "tokenizer_config.json"});
+  for (const std::string& f : files)
+    if (access((dir + "/" + f).c_str(), R_OK) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(E2E_Reliability, ConcurrentFirstRunsAllSucceed) {
+  // Eight first runs at once failed with "has no tokenizer.json" (config.json was written, and checked,
+  // first) or "cannot create the directory: File exists". Now each writes its own temporary folder and
+  // renames it into place; the losers of the race use the winner's. Two `bench --random` runs race too.
+  FreshDataDir data;
+  ScratchDir logs;
+  const std::string env = "NANOVLLM_DATA_DIR='" + data.path + "' ";
+  std::string script;
+  for (int i = 0; i < 10; i++) {
+    const std::string args = i < 8 ? "generate --prompt hi --max-tokens 2 --device cpu"
+                                    : "bench --random tiny --device cpu --num-seqs 1 --max-input-len 100 --max-output-len 100";
+    const std::string out = logs.path + "/out" + std::to_string(i);
+    script += "(" + env + test::nanovllm_binary() + " " + args + " >" + out + " 2>" + out + ".err; echo $? >" + out +
+              ".rc) & ";
+  }
+  ASSERT_EQ(std::system((script + "wait").c_str()), 0);
+  std::string first_output;
+  for (int i = 0; i < 10; i++) {
+    const std::string out = logs.path + "/out" + std::to_string(i);
+    EXPECT_EQ(test::read_file(out + ".rc"), "0\n") << "run " << i << ": " << test::read_file(out + ".err");
+    if (i < 8) {
+      const std::string output = test::read_file(out);
+      EXPECT_NE(output, "");
+      if (i == 0) first_output = output;
+      EXPECT_EQ(output, first_output) << "run " << i;  // the same model and seed: the same completion
+    }
+  }
+  // No temporary folder left behind, and both checkpoints complete.
+  EXPECT_EQ(data.entries(), (std::set<std::string>{"qwen3-tokenizer", "random-tiny", "tiny-random-qwen3"}));
+  EXPECT_TRUE(has_all_files(data.path + "/tiny-random-qwen3", true));
+  EXPECT_TRUE(has_all_files(data.path + "/random-tiny", false));
+}
+
+TEST(E2E_Reliability, InterruptedFirstRunLeavesNothingBehind) {
+  // A Ctrl-C just after config.json appeared left a default model without its tokenizer, which broke
+  // every later `generate --prompt`. Interrupt the writer as soon as its temporary folder appears.
+  FreshDataDir data;
+  const std::string binary = test::nanovllm_binary();
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("NANOVLLM_DATA_DIR", data.path.c_str(), 1);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    dup2(null, STDERR_FILENO);
+    execl(binary.c_str(), binary.c_str(), "generate", "--prompt", "hi", "--max-tokens", "2", "--device", "cpu",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    for (const std::string& name : data.entries()) seen |= name.rfind("tiny-random-qwen3.tmp.", 0) == 0;
+    if (!seen) usleep(200);
+  }
+  EXPECT_TRUE(seen) << "the writer's temporary folder never appeared";
+  usleep(20000);  // into the writing
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "status " << status;
+  // Nothing half-written: no temporary folder, and the model folder absent or complete.
+  std::set<std::string> left = data.entries();
+  left.erase("qwen3-tokenizer");
+  if (left.count("tiny-random-qwen3")) {
+    EXPECT_TRUE(has_all_files(data.path + "/tiny-random-qwen3", true));
+    left.erase("tiny-random-qwen3");
+  }
+  EXPECT_EQ(left, std::set<std::string>{});
+  // And the next run works.
+  const std::string command = "NANOVLLM_DATA_DIR='" + data.path + "' " + test::nanovllm_binary() +
+                              " generate --prompt hi --max-tokens 2 --device cpu >/dev/null 2>&1";
+  EXPECT_EQ(std::system(command.c_str()), 0);
+  EXPECT_TRUE(has_all_files(data.path + "/tiny-random-qwen3", true));
+}
+
+TEST(E2E_Reliability, UnknownBenchPresetIsAUsageErrorBeforeWriting) {
+  // It printed "writing..." first and exited 1.
+  FreshDataDir data;
+  ScratchDir logs;
+  for (const char* command : {"bench", "bench-step"}) {
+    const std::string line = "NANOVLLM_DATA_DIR='" + data.path + "' " + test::nanovllm_binary() + " " + command +
+                             " --random qwen3-70b --device cpu 2>" + logs.path + "/err";
+    const int status = std::system(line.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << command;
+    const std::string err = test::read_file(logs.path + "/err");
+    EXPECT_TRUE(test::is_one_error_line(err)) << err;
+    EXPECT_EQ(err.rfind("error: --random: unknown preset 'qwen3-70b' (known: tiny,", 0), 0u) << err;
+  }
+  EXPECT_EQ(data.entries(), std::set<std::string>{"qwen3-tokenizer"});  // nothing written
 }
