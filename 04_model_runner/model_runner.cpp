@@ -8,9 +8,11 @@ namespace nanovllm {
 
 namespace {
 
-// The CPU has no memory figure as telling as the GPU's: give the KV cache a fixed budget unless the user
-// sets --kv-cache-blocks, but always room for one sequence of max_model_len.
+// The CPU has no memory figure as telling as the GPU's: unless the user sets --kv-cache-blocks, give the
+// KV cache room for kCpuKvSequences sequences of max_model_len, at most kCpuKvBudgetBytes, but always
+// room for one (a tiny model needs a few MiB, not a fixed 1 GiB that a memory limit may not allow).
 constexpr size_t kCpuKvBudgetBytes = size_t(1) << 30;
+constexpr int kCpuKvSequences = 8;
 // GPU memory kept out of the KV cache for what we do not allocate ourselves: CUDA graphs, the CUDA
 // context's own growth, cuBLAS internals.
 constexpr size_t kGpuReserveBytes = size_t(256) << 20;
@@ -73,7 +75,8 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   if (config.num_kvcache_blocks > 0) {
     num_blocks_ = config.num_kvcache_blocks;
   } else if (backend_->device() == Device::CPU) {
-    num_blocks_ = std::max(int(kCpuKvBudgetBytes / kv_block_bytes_), block_table_width_);
+    num_blocks_ = std::max(int(std::min(kCpuKvBudgetBytes / kv_block_bytes_, size_t(kCpuKvSequences) * block_table_width_)),
+                           block_table_width_);
   } else {
     // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
     // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
@@ -88,7 +91,13 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
            " MiB; raise --gpu-memory-utilization or lower --max-num-batched-tokens / --max-num-seqs)");
   }
   config.num_kvcache_blocks = num_blocks_;
-  kv_storage_ = Buffer(backend_->device(), kv_block_bytes_ * num_blocks_);
+  try {
+    kv_storage_ = Buffer(backend_->device(), kv_block_bytes_ * num_blocks_);
+  } catch (const Error&) {
+    if (backend_->device() != Device::CPU) throw;
+    fail("cannot allocate ", (kv_block_bytes_ * num_blocks_) >> 20, " MiB for the KV cache on the CPU (", num_blocks_,
+         " blocks; use --kv-cache-blocks N to use less)");
+  }
   const size_t layer_bytes = kv_block_bytes_ / (2 * mc.num_hidden_layers) * num_blocks_;
   char* base = static_cast<char*>(kv_storage_.data());
   for (int l = 0; l < mc.num_hidden_layers; l++) {

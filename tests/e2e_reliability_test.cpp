@@ -332,3 +332,108 @@ TEST(E2E_Reliability, UnknownBenchPresetIsAUsageErrorBeforeWriting) {
   }
   EXPECT_EQ(data.entries(), std::set<std::string>{"qwen3-tokenizer"});  // nothing written
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The minor ones
+
+TEST(E2E_Reliability, PromptIdsArePlainCommaSeparatedNumbers) {
+  for (const char* ids : {"1,2,", "1, 2", "+1", "1,,2", ",1", " 1", "1 ", "0x1", "-1", "99999999999"}) {
+    auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids '" + ids + "'");
+    EXPECT_EQ(r.exit_code, 2) << ids;
+    EXPECT_TRUE(test::is_one_error_line(r.err)) << ids << ": " << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 0,2147483647 --max-tokens 1");
+  EXPECT_EQ(r.err, "error: request 0: token id 2147483647 is outside the vocabulary [0, 512)\n");  // parsed, then refused
+}
+
+TEST(E2E_Reliability, EmptyModelFolderIsAUsageError) {
+  // --model "" ran the embedded default instead.
+  for (const char* args : {"generate --device cpu --model '' --prompt hi", "generate --device cpu --tokenizer '' --prompt hi",
+                           "logits --device cpu --model '' --prompt-ids 1"}) {
+    auto r = run_nanovllm(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_TRUE(test::is_one_error_line(r.err)) << args << ": " << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST(E2E_Reliability, OutOfRangeTopPShowsEnoughDigits) {
+  // float(1.0000001) = 1 + 2^-23 = 1.00000011920...: "got 1" hid why it was refused.
+  auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1 --top-p 1.0000001");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: top_p must be in (0, 1], got 1.00000012\n");
+}
+
+TEST(E2E_Reliability, BlankLinesKeepOutputAlignedWithInput) {
+  // tokenize (and the other JSON Lines commands) skipped blank lines, so output line N no longer
+  // answered input line N. Each non-blank line must give what it gives on its own.
+  struct Case {
+    const char* command;
+    std::vector<std::string> lines;
+  };
+  const Case cases[] = {{"tokenize", {"\"a\"", "", "\"b c\"", "  ", "\"\""}},
+                        {"detokenize", {"", "[64]", "", "[65,66]"}},
+                        {"hash-blocks --block-size 1", {"[1]", "", "[2,3]", ""}}};
+  for (const Case& c : cases) {
+    std::string input, expected;
+    for (const std::string& line : c.lines) {
+      input += line + "\n";
+      if (line.find_first_not_of(' ') == std::string::npos) {
+        expected += "\n";
+      } else {
+        auto alone = run_nanovllm(c.command, line + "\n");
+        ASSERT_EQ(alone.exit_code, 0) << alone.err;
+        expected += alone.out;
+      }
+    }
+    auto r = run_nanovllm(c.command, input);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, expected) << c.command;
+  }
+}
+
+TEST(E2E_Reliability, LogitsTakeAPromptOfExactlyMaxModelLen) {
+  // The logits command generates nothing, yet was refused when prompt + 1 exceeded max_model_len.
+  const std::string args = "logits" + kCpuA + " --prompt-ids 5,6,7,8";
+  auto unlimited = run_nanovllm(args);
+  ASSERT_EQ(unlimited.exit_code, 0) << unlimited.err;
+  auto exact = run_nanovllm(args + " --max-model-len 4");
+  EXPECT_EQ(exact.exit_code, 0) << exact.err;
+  EXPECT_EQ(exact.out, unlimited.out);
+  auto over = run_nanovllm(args + " --max-model-len 3");
+  EXPECT_EQ(over.exit_code, 1);
+  EXPECT_EQ(over.err, "error: request 0: prompt (4 tokens) exceeds max_model_len (3)\n");
+}
+
+TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
+#endif
+  // The CPU KV cache took a fixed 1 GiB, which failed under a 1 GiB address-space limit with no hint.
+  // Now it is sized from the model (model A needs 128 MiB for 8 sequences of 4096 tokens).
+  auto limited = [](const std::string& args) {
+    ScratchDir dir;
+    const std::string command = "ulimit -v 1048576 && " + test::nanovllm_binary() + " " + args + " >" + dir.path +
+                                "/out 2>" + dir.path + "/err";
+    const int status = std::system(command.c_str());
+    return test::CommandResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, test::read_file(dir.path + "/out"),
+                               test::read_file(dir.path + "/err")};
+  };
+  auto r = limited("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out, "");
+  r = limited("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2 --kv-cache-blocks 2000");  // 2000 MiB
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: cannot allocate 2000 MiB for the KV cache on the CPU (2000 blocks; use --kv-cache-blocks N to "
+                   "use less)\n");
+}
+
+TEST(E2E_Reliability, InvalidUtf8PromptNamesThePromptAndTheOffsetAsGiven) {
+  // The offset was counted in the text after the chat template, and no prompt was named.
+  for (const char* chat : {"", " --chat"}) {
+    auto r = run_nanovllm(std::string("generate --device cpu --prompt ok --prompt \"$(printf 'ab\\377c')\"") + chat);
+    EXPECT_EQ(r.exit_code, 1) << chat;
+    EXPECT_EQ(r.err, "error: prompt 1: invalid UTF-8 at byte offset 2 (byte 0xff)\n") << chat;
+  }
+}
