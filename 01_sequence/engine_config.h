@@ -17,6 +17,7 @@ struct EngineConfig {
   int max_num_seqs = 512;              // sequences per step, prefill and decode alike
   int max_model_len = 4096;            // prompt + completion; clamped to the model's max positions
   float gpu_memory_utilization = 0.9f; // share of GPU memory the engine may fill (KV cache included)
+  int cpu_memory_mib = 512;            // on the CPU: the memory that share is taken of (the GPU measures its own)
   int tensor_parallel_size = 1;
   bool enforce_eager = false;          // no CUDA graphs
   int kvcache_block_size = 256;        // tokens per KV block; any multiple of 16 (nano-vllm: of 256)
@@ -34,6 +35,7 @@ struct EngineConfig {
     if (max_model_len < 1) fail("max_model_len must be >= 1, got ", max_model_len);
     if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1))
       fail("gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
+    if (cpu_memory_mib < 1) fail("cpu_memory_mib must be >= 1, got ", cpu_memory_mib);
     if (tensor_parallel_size < 1 || tensor_parallel_size > 8)
       fail("tensor_parallel_size must be in [1, 8], got ", tensor_parallel_size);
     if (kvcache_block_size < 16 || kvcache_block_size % 16 != 0)

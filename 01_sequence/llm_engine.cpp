@@ -70,6 +70,10 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before, hits_before) : "";
 
   std::vector<int32_t> tokens = model_runner_->run(seqs, is_prefill, logits);
+  for (size_t i = 0; i < seqs.size(); i++)  // the sampler's -1: NaN or Inf in the logits
+    if (tokens[i] < 0)
+      fail("step ", stats_.steps + 1, ": non-finite logits (NaN or Inf) for request ", seqs[i]->seq_id,
+           "; the checkpoint's weights may hold NaN or Inf");
   scheduler_->postprocess(seqs, tokens, is_prefill);
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -91,7 +95,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     out.token_ids = s->completion_token_ids();
     out.num_prefix_hit_blocks = s->num_prefix_hit_blocks;
     out.num_preemptions = s->num_preemptions;
-    if (tokenizer_) out.text = tokenizer_->decode(out.token_ids);
+    if (tokenizer_) out.text = tokenizer_->decode(out.token_ids, /*skip_unknown=*/true);  // ids past the tokenizer: ""
     finished.push_back(std::move(out));
     sequences_.erase(s->seq_id);
   }

@@ -29,7 +29,8 @@ struct GenerateOutput {
   int64_t seq_id;
   std::vector<int32_t> prompt_token_ids;
   std::vector<int32_t> token_ids;  // the completion, EOS included when it ended the sequence
-  std::string text;                // the completion decoded (special tokens kept), when a tokenizer is loaded
+  std::string text;                // the completion decoded (special tokens kept; ids the tokenizer lacks
+                                   // decode to nothing), when a tokenizer is loaded
   int num_prefix_hit_blocks = 0;   // blocks of this request found in the prefix cache
   int num_preemptions = 0;
 };

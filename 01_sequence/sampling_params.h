@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <iomanip>
 #include <optional>
 
 #include "01_sequence/base/common.h"
@@ -27,7 +28,7 @@ struct SamplingParams {
       fail("temperature must be >= 0 (0 = greedy), got ", temperature);
     if (max_tokens < 1) fail("max_tokens must be >= 1, got ", max_tokens);
     if (top_k < 0) fail("top_k must be >= 0 (0 = off), got ", top_k);
-    if (!(top_p > 0 && top_p <= 1)) fail("top_p must be in (0, 1], got ", top_p);
+    if (!(top_p > 0 && top_p <= 1)) fail("top_p must be in (0, 1], got ", std::setprecision(9), top_p);  // 1.00000012
   }
 
   bool is_greedy() const { return temperature == 0; }

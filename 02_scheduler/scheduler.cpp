@@ -16,12 +16,12 @@ Scheduler::Scheduler(const EngineConfig& config)
 
 void Scheduler::add(Sequence* seq) {
   // The longest this sequence can get: its prompt plus max_tokens, of which the last sampled token is
-  // never fed back, so its K/V never needs a slot.
-  int max_len = seq->num_prompt_tokens + seq->params.max_tokens;
+  // never fed back, so its K/V never needs a slot. In 64 bits: both terms may be near INT32_MAX.
+  const int64_t max_len = int64_t(seq->num_prompt_tokens) + seq->params.max_tokens;
   if (max_len > max_model_len_)
     fail("request ", seq->seq_id, ": prompt (", seq->num_prompt_tokens, " tokens) + max_tokens (",
          seq->params.max_tokens, ") exceeds max_model_len (", max_model_len_, ")");
-  int blocks_needed = ceil_div(max_len - 1, block_size_);
+  const int64_t blocks_needed = ceil_div<int64_t>(max_len - 1, block_size_);
   if (blocks_needed > block_manager_.num_blocks())
     fail("request ", seq->seq_id, ": needs ", blocks_needed, " KV blocks of ", block_size_,
          " tokens but the cache has only ", block_manager_.num_blocks());
@@ -84,8 +84,9 @@ std::pair<std::vector<Sequence*>, bool> Scheduler::schedule() {
     scheduled.push_back(seq);
   }
   // add() refused every request that cannot run alone, so the first sequence can always get its block
-  // once everything behind it is preempted: a decode step is never empty (nano-vllm issue #274).
-  assert(!scheduled.empty());
+  // once everything behind it is preempted: a decode step is never empty (nano-vllm issue #274). Should
+  // that ever break, fail with an error rather than abort.
+  if (scheduled.empty()) fail("internal: the scheduler found nothing to run while requests remain");
   running_.insert(running_.begin(), scheduled.begin(), scheduled.end());  // same order as before
   return {scheduled, false};
 }

@@ -304,6 +304,34 @@ TEST(Ch02_Scheduler, RefusesRequestsThatCanNeverRun) {
   EXPECT_EQ(s.waiting().size(), 1u);
 }
 
+TEST(Ch02_Scheduler, HugeMaxTokensIsRefusedNotOverflowed) {
+  // 1 + INT32_MAX does not fit in an int: computed in int it wrapped negative, passed both checks, and
+  // the request later aborted the scheduler (a decode step with nothing to run). The true length,
+  // 2^31, exceeds any max_model_len and any cache.
+  EngineConfig c = small_config(2, 16);
+  Scheduler s(c);
+  Sequence huge(0, tokens(1, 0), params(INT32_MAX), 0, 16);
+  try {
+    s.add(&huge);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "request 0: prompt (1 tokens) + max_tokens (2147483647) exceeds max_model_len (1048576)");
+  }
+  // Only the KV cache limits it now: 1 + (2^31 - 2) - 1 slots are ceil((2^31 - 2) / 16) = 134217728
+  // blocks, and the rounding-up sum 2^31 - 2 + 15 overflows an int as well.
+  c.max_model_len = INT32_MAX;
+  Scheduler unlimited(c);
+  Sequence almost(0, tokens(1, 0), params(INT32_MAX - 1), 0, 16);
+  try {
+    unlimited.add(&almost);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "request 0: needs 134217728 KV blocks of 16 tokens but the cache has only 2");
+  }
+  EXPECT_TRUE(s.is_finished());
+  EXPECT_TRUE(unlimited.is_finished());
+}
+
 TEST(Ch02_Scheduler, RequestUsingTheWholeCacheRunsToCompletion) {
   // nano-vllm #274 crashed here (assert scheduled_seqs) once the cache filled; now it must finish.
   EngineConfig c = small_config(4, 16);

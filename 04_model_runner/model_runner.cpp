@@ -9,9 +9,10 @@ namespace nanovllm {
 
 namespace {
 
-// The CPU has no memory figure as telling as the GPU's: give the KV cache a fixed budget (all ranks
-// together) unless the user sets --kv-cache-blocks, but always room for one sequence of max_model_len.
-constexpr size_t kCpuKvBudgetBytes = size_t(1) << 30;
+// The CPU has no memory figure as telling as the GPU's: the KV cache budget there is a stated size,
+// --cpu-memory-mib (EngineConfig::cpu_memory_mib, 512 MiB by default: a CPU run is for tiny models), put
+// through the GPU's formula, so --gpu-memory-utilization changes it too; but always room for one sequence
+// of max_model_len, and --kv-cache-blocks overrides it.
 // GPU memory kept out of the KV cache for what we do not allocate ourselves: CUDA graphs, the CUDA
 // context's own growth, cuBLAS internals.
 constexpr size_t kGpuReserveBytes = size_t(256) << 20;
@@ -106,7 +107,8 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   if (config.num_kvcache_blocks > 0) {
     num_blocks_ = config.num_kvcache_blocks;
   } else if (b0.device() == Device::CPU) {
-    num_blocks_ = std::max(int(kCpuKvBudgetBytes / kv_block_bytes_), block_table_width_);
+    const double budget = double(config.cpu_memory_mib) * (1 << 20) * config.gpu_memory_utilization - double(allocated_bytes());
+    num_blocks_ = std::max(budget > 0 ? int(budget / double(kv_block_bytes_)) : 0, block_table_width_);
   } else {
     // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
     // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
@@ -130,7 +132,13 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   config.num_kvcache_blocks = num_blocks_;
   const size_t layer_bytes = rank_block_bytes / (2 * mc.num_hidden_layers) * num_blocks_;
   for (auto& r : ranks_) {
-    r->kv_storage = Buffer(r->backend->device(), rank_block_bytes * num_blocks_);
+    try {
+      r->kv_storage = Buffer(r->backend->device(), rank_block_bytes * num_blocks_);
+    } catch (const Error&) {
+      if (r->backend->device() != Device::CPU) throw;
+      fail("cannot allocate ", (kv_block_bytes_ * num_blocks_) >> 20, " MiB for the KV cache on the CPU (", num_blocks_,
+           " blocks; use --kv-cache-blocks N to use less)");
+    }
     char* base = static_cast<char*>(r->kv_storage.data());
     for (int l = 0; l < mc.num_hidden_layers; l++) {
       // kv[0, l] and kv[1, l] of the (2, layers, blocks, block_size, kv_heads, head_dim) allocation.
@@ -157,6 +165,14 @@ ModelRunner::StepTensors ModelRunner::carve_step_tensors(Arena& a) const {
 }
 
 ModelRunner::~ModelRunner() = default;
+
+size_t ModelRunner::allocated_bytes() const {
+  size_t bytes = 0;
+  for (const auto& r : ranks_)
+    bytes += r->model->weight_bytes() + r->workspace.storage.bytes() + r->attention_scratch.bytes() +
+             r->step_storage.bytes() + r->step_staging.bytes() + r->kv_storage.bytes();
+  return bytes;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Input preparation

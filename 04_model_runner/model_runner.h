@@ -50,7 +50,8 @@ class ModelRunner {
   ~ModelRunner();
 
   // Runs one scheduled step and returns the sampled token of each sequence (for a prefill chunk that
-  // does not finish its prompt, a token the scheduler will discard). If `logits` is given it receives
+  // does not finish its prompt, a token the scheduler will discard; -1 for a sequence whose logits hold
+  // a NaN or an infinity). If `logits` is given it receives
   // the (B, vocab) logits the tokens were sampled from.
   std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits = nullptr);
 
@@ -102,6 +103,7 @@ class ModelRunner {
   };
 
   StepTensors carve_step_tensors(Arena& arena) const;
+  size_t allocated_bytes() const;  // weights, buffers and KV cache of every rank
   // device_id: the CUDA device of this rank, or -1 for the CPU.
   void load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id);
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;

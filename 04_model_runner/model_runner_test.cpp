@@ -114,3 +114,44 @@ TEST(Ch04_ModelRunner, RejectsABlockTableWiderThanMaxModelLen) {
   a.num_scheduled_tokens = 1;
   EXPECT_THROW(runner.prepare_prefill({&a}), Error);
 }
+
+TEST(Ch04_ModelRunner, RefusesCheckpointTensorsTheConfigDoesNotDescribe) {
+  // A config with fewer layers than the checkpoint ran the first layers only, and a stray tensor was
+  // ignored: both must fail, naming the tensor. Copies of golden checkpoint A (2 layers, tied).
+  const std::string a = test::data_path("golden/tiny-qwen3-a");
+  Checkpoint golden = Checkpoint::open(a);
+  char name[] = "/tmp/nanovllm-ch04-extra-XXXXXX";
+  const std::string dir = mkdtemp(name);
+  auto load = [&](const std::vector<std::string>& extra, const std::string& config_json) {
+    std::vector<TensorToWrite> tensors;
+    for (const std::string& n : golden.names()) {
+      const TensorView& v = *golden.find(n);
+      tensors.push_back({n, v.dtype, v.shape, v.data, {}});
+    }
+    for (const std::string& n : extra) {  // lm_head.weight as a copy of the embedding, others as a norm
+      const TensorView& v = *golden.find(n == "lm_head.weight" ? "model.embed_tokens.weight" : "model.norm.weight");
+      tensors.push_back({n, v.dtype, v.shape, v.data, {}});
+    }
+    write_safetensors(dir + "/model.safetensors", tensors);
+    write_file(dir + "/config.json", config_json);
+    EngineConfig c;
+    c.model = dir;
+    c.device = "cpu";
+    c.num_kvcache_blocks = 4;
+    return test::error_of([&] { ModelRunner runner(c); });
+  };
+  const std::string config = read_file(a + "/config.json");
+  ASSERT_NE(config.find("\"num_hidden_layers\": 2"), std::string::npos);
+  std::string one_layer = config;
+  one_layer.replace(one_layer.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 1");
+  EXPECT_EQ(load({}, one_layer), dir + ": unexpected tensor 'model.layers.1.input_layernorm.weight': config.json "
+                                       "describes no such weight (num_hidden_layers 1, tie_word_embeddings true)");
+  EXPECT_EQ(load({"model.layers.9.foo.weight"}, config),
+            dir + ": unexpected tensor 'model.layers.9.foo.weight': config.json describes no such weight "
+                  "(num_hidden_layers 2, tie_word_embeddings true)");
+  // Harmless extras load: rotary inverse frequencies, and a tied checkpoint's lm_head.weight.
+  EXPECT_EQ(load({"model.layers.0.self_attn.rotary_emb.inv_freq", "model.rotary_emb.inv_freq", "lm_head.weight"},
+                 config),
+            "");
+  std::system(("rm -rf '" + dir + "'").c_str());
+}

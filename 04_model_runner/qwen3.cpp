@@ -3,6 +3,7 @@
 #include "04_model_runner/qwen3.h"
 
 #include <cmath>
+#include <set>
 
 #include "01_sequence/base/bf16.h"
 #include "04_model_runner/layers.h"
@@ -71,6 +72,21 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
   auto kv_shard = [&](const std::vector<float>& w_kv) {
     return std::vector<float>(w_kv.begin() + kv_first * H, w_kv.begin() + (kv_first + kv_part) * H);
   };
+
+  // Every tensor must be one config.json describes: more layers in the checkpoint than in the config,
+  // or a misnamed weight, would otherwise be left out without a word. Harmless extras: rotary inverse
+  // frequencies (we compute them from rope_theta) and a tied checkpoint's copy of the embedding.
+  std::set<std::string> expected;
+  for (const TensorSpec& spec : qwen3_checkpoint_layout(c)) expected.insert(spec.name);
+  const std::string inv_freq = ".rotary_emb.inv_freq";
+  for (const std::string& name : checkpoint.names()) {
+    const bool harmless = (name.size() >= inv_freq.size() &&
+                           name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0) ||
+                          (c.tie_word_embeddings && name == "lm_head.weight");
+    if (!expected.count(name) && !harmless)
+      fail(checkpoint.dir(), ": unexpected tensor '", name, "': config.json describes no such weight (num_hidden_layers ",
+           c.num_hidden_layers, ", tie_word_embeddings ", c.tie_word_embeddings ? "true" : "false", ")");
+  }
 
   std::vector<float> embed = loader.read("model.embed_tokens.weight", {V, H});
   w.embed_tokens = loader.upload(shard_rows_padded(embed, V, H, tp_rank, tp_size), {V_part, H});

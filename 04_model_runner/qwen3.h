@@ -39,7 +39,9 @@ struct Qwen3Weights {
 };
 
 // Reads every weight rank `tp_rank` needs from the checkpoint, checks shapes against the config,
-// converts to the backend's weight dtype, shards and packs (06_tensor_parallel), and uploads.
+// converts to the backend's weight dtype, shards and packs (06_tensor_parallel), and uploads. A tensor
+// the config does not describe is an Error naming it (rotary inv_freq buffers and a tied lm_head.weight
+// excepted).
 Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, const ModelConfig& config,
                                 const TensorParallelLayout& tp, int tp_rank);
 
@@ -89,6 +91,11 @@ class Qwen3Model {
   void compute_logits(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs);
 
   const ModelConfig& config() const { return config_; }
+  size_t weight_bytes() const {
+    size_t bytes = 0;
+    for (const Buffer& b : weights_.storage) bytes += b.bytes();
+    return bytes;
+  }
   HeadLayout heads() const { return heads_; }
   AttentionShape attention_shape(int block_size) const;
 

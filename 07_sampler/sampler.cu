@@ -19,8 +19,11 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   const float* l = logits + int64_t(blockIdx.x) * vocab_size;
   float best = -INFINITY;
   int best_index = INT_MAX;
+  int non_finite = 0;  // a NaN or +Inf logit anywhere in the row makes the token -1 (as an all -Inf row)
   for (int i = threadIdx.x; i < vocab_size; i += kThreads) {
-    float score = row.temperature == 0 ? l[i] : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
+    non_finite |= isnan(l[i]) || l[i] == INFINITY;
+    float score = samples_greedily(row.temperature) ? l[i]
+                                                    : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
     if (better(score, i, best, best_index)) best = score, best_index = i;
   }
   // Reduce over the warp, then over the warps.
@@ -34,7 +37,7 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   __shared__ int warp_index[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_best[warp] = best, warp_index[warp] = best_index;
-  __syncthreads();  // every warp's candidate is written
+  non_finite = __syncthreads_or(non_finite);  // every warp's candidate is written
   if (warp != 0) return;
   best = warp_best[lane], best_index = warp_index[lane];  // kThreads / 32 == 32 candidates, one per lane
 #pragma unroll
@@ -43,7 +46,7 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
     int i = __shfl_xor_sync(0xffffffffu, best_index, off);
     if (better(s, i, best, best_index)) best = s, best_index = i;
   }
-  if (lane == 0) tokens[blockIdx.x] = best_index == INT_MAX ? 0 : best_index;
+  if (lane == 0) tokens[blockIdx.x] = non_finite || best_index == INT_MAX ? -1 : best_index;
 }
 
 }  // namespace

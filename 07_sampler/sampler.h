@@ -47,16 +47,24 @@ SAMPLER_HD inline float gumbel_noise(uint64_t seed, uint64_t step, uint32_t inde
   return -logf(-logf(sampler_uniform(seed, step, index)));
 }
 
+// Temperatures below 1e-5 sample greedily (the argmax). logits / T must stay finite: at T = 1e-40 every
+// positive logit became +inf and the first of them won (token 0 where greedy gives 492); from 1e-5 up, a
+// logit would need |l| > 3.4e33 to overflow. Nothing is lost: the Gumbel noise spans less than 19.5
+// (u is in [2^-24, 1 - 2^-24]), so at T < 1e-5 only tokens within 2e-4 of the maximum logit could win,
+// a difference below the precision the logits are computed to (bf16 weights).
+SAMPLER_HD inline bool samples_greedily(float temperature) { return temperature < 1e-5f; }
+
 // Per-row sampling settings.
 struct SamplingRow {
-  float temperature;  // 0 = greedy
+  float temperature;  // 0 = greedy (so is anything below 1e-5: samples_greedily)
   int top_k;          // 0 = off
   float top_p;        // 1 = off
   uint64_t seed;
   uint64_t step;      // index of the token being generated (the sequence's length before it)
 };
 
-// Picks one token from one row of `vocab_size` logits.
+// Picks one token from one row of `vocab_size` logits; -1 when the row holds a NaN or its maximum is not
+// finite (the engine fails the step rather than emit a token from broken logits; -Inf entries are fine).
 int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& row);
 
 // Batched: tokens[b] = sample_row_cpu(logits + b * vocab_size, vocab_size, rows[b]).
@@ -73,7 +81,7 @@ void sample_rows_left_to_host(int32_t* tokens, const float* logits, int num_rows
 }  // namespace nanovllm
 
 // CUDA (sampler.cu): greedy and temperature (Gumbel-max) sampling, one block per row; the same random
-// numbers as the CPU. Rows asking for top-k or top-p are not handled here: the model runner samples
+// numbers as the CPU, and the same -1 for a row with a non-finite logit. Rows asking for top-k or top-p are not handled here: the model runner samples
 // those on the CPU (sample_cpu).
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"

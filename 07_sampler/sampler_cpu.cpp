@@ -8,7 +8,15 @@
 namespace nanovllm {
 
 int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& row) {
-  if (row.temperature == 0) {  // greedy: first index of the maximum
+  // A NaN, or a maximum that is not finite (+Inf, or every entry -Inf): no token is right, and sorting
+  // NaN is undefined. -Inf alone is a masked entry.
+  float max_logit = -INFINITY;
+  for (int i = 0; i < vocab_size; i++) {
+    if (std::isnan(logits[i])) return -1;
+    max_logit = std::max(max_logit, logits[i]);
+  }
+  if (!std::isfinite(max_logit)) return -1;
+  if (samples_greedily(row.temperature)) {  // greedy: first index of the maximum
     int best = 0;
     for (int i = 1; i < vocab_size; i++)
       if (logits[i] > logits[best]) best = i;

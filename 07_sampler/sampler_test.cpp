@@ -207,6 +207,35 @@ TEST(Ch07_Greedy, TemperatureZeroIgnoresTopKAndTopP) {
   }
 }
 
+TEST(Ch07_Greedy, TinyTemperaturesGiveTheArgmax) {
+  // As T -> 0, softmax(logits / T) concentrates on the argmax. logits / 1e-40 overflows to +-inf, and
+  // the first positive logit won; below the threshold the sampler is greedy, whatever the filters.
+  Rng rng(702);
+  std::vector<float> logits(5000);
+  for (float T : {1e-40f, 1e-30f, 1e-10f, 1e-6f}) {
+    for (int trial = 0; trial < 20; trial++) {
+      for (float& x : logits) x = rng.uniform(-20, 20);
+      const int expected = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const SamplingRow row{T, trial % 3 == 1 ? 50 : 0, trial % 3 == 2 ? 0.9f : 1.0f, rng.next(), rng.next()};
+      EXPECT_EQ(sample(logits, row), expected) << "T " << T << ", trial " << trial;
+    }
+  }
+}
+
+TEST(Ch07_Greedy, NonFiniteLogitsGiveNoToken) {
+  // NaN logits came out as token 0 (NaN never compares greater) and +Inf won outright: both mean the
+  // model's numbers broke, so every mode returns -1 and the engine fails the step. -Inf is a masked
+  // entry, but a row with nothing else has no token either.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> broken = {
+      {nan, 1, 2}, {1, 2, nan}, {nan, nan, nan}, {1, kInf, 2}, {-kInf, -kInf, -kInf}, {kInf, -kInf, nan}};
+  const SamplingRow rows[] = {greedy_row(), sampled(1.0f), sampled(0.6f, 2), sampled(0.6f, 0, 0.5f), sampled(1e-30f)};
+  for (size_t k = 0; k < broken.size(); k++)
+    for (const SamplingRow& row : rows)
+      EXPECT_EQ(sample(broken[k], row), -1) << "row " << k << ", temperature " << row.temperature;
+  for (const SamplingRow& row : rows) EXPECT_EQ(sample({-kInf, 3, -kInf}, row), 1);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The uniform numbers
 

@@ -138,6 +138,15 @@ inline CommandResult run_nanovllm(const std::string& args, const std::string& in
   return result;
 }
 
+// For a run that failed after it started (its first lines say where it runs): the last line of `err`
+// when it is the only line starting "error: ", else "".
+inline std::string last_error_line(const std::string& err) {
+  const size_t start = err.rfind('\n', err.size() >= 2 ? err.size() - 2 : 0);
+  const std::string last = start == std::string::npos ? err : err.substr(start + 1);
+  const bool only = err.find("error: ") == err.size() - last.size();
+  return last.rfind("error: ", 0) == 0 && only ? last : "";
+}
+
 // True when `err` is exactly one line starting "error: " (the command line's error contract).
 inline bool is_one_error_line(const std::string& err) {
   return err.rfind("error: ", 0) == 0 && err.find('\n') == err.size() - 1;

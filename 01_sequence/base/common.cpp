@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 
 namespace nanovllm {
 
 std::string data_dir() {
+  if (const char* dir = std::getenv("NANOVLLM_DATA_DIR"); dir && *dir) return dir;  // README, "Command line"
   char path[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
   if (n <= 0) return "build/data";  // no /proc: assume the working directory is the repository root

@@ -30,8 +30,8 @@ template <class... Args>
 }
 
 // The folder of data files that `make` prepares beside the binaries: <folder of this executable>/data, so
-// build/data for build/nanovllm and for the test binaries. The tokenizer is at data_dir() +
-// "/qwen3-tokenizer".
+// build/data for build/nanovllm and for the test binaries, or $NANOVLLM_DATA_DIR when set. The tokenizer
+// is at data_dir() + "/qwen3-tokenizer"; the command line writes its random checkpoints there too.
 std::string data_dir();
 
 template <class T>

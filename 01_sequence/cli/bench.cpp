@@ -85,20 +85,24 @@ class PythonRandom {
   int index_ = kN + 1;
 };
 
-// The model folder of `bench` and `bench-step`: --model DIR, or --random PRESET (random weights of a real
-// model's shape, written under build/data the first time; speed does not depend on the values).
+// The model folder of `bench` and `bench-step`: --model DIR, or --random PRESET, random weights of a real
+// model's shape (speed does not depend on the values) in build/data/random-PRESET, written on first use
+// (see ensure_random_model). An unknown preset is a usage error, found before anything is written.
 std::string model_from(const Flags& flags) {
   std::string model = flags.get("model");
   if (model.empty() == !flags.has("random")) throw UsageError("give exactly one of --model DIR and --random PRESET");
-  if (flags.has("random")) {
-    const std::string preset = flags.get("random");
-    model = data_dir() + "/random-" + preset;
-    if (!is_regular_file(model + "/config.json")) {
-      std::fprintf(stderr, "writing random %s weights to %s ...\n", preset.c_str(), model.c_str());
-      write_random_model(preset, model, 0);
-    }
+  if (!flags.has("random")) return model;
+  const std::string preset = flags.get("random");
+  try {
+    random_model_config(preset);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--random: ") + e.what());
   }
-  return model;
+  const std::string dir = data_dir() + "/random-" + preset;
+  if (!is_complete_random_model(dir, /*with_tokenizer=*/false))
+    std::fprintf(stderr, "writing random %s weights to %s ...\n", preset.c_str(), dir.c_str());
+  ensure_random_model(preset, dir, 0);
+  return dir;
 }
 
 // Wraps the runner's backend in a profiler and switches CUDA graphs off (a graph replay runs no

@@ -14,7 +14,7 @@ TEST(Ch01_Cli, RandomModelCommand) {
   auto run = [](std::vector<std::string> args) {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
-    Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {});
+    Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {"force"});
     return cmd_random_model(flags);
   };
   EXPECT_THROW(run({"--preset", "tiny"}), UsageError);         // no --out
@@ -32,4 +32,15 @@ TEST(Ch01_Cli, RandomModelCommand) {
   TempDir again;
   write_random_model("tiny", again.path(), 5);
   EXPECT_EQ(read_bytes(dir / "m/model.safetensors"), read_bytes(again / "model.safetensors"));
+  // A folder that is not empty is refused, so a checkpoint is not overwritten by mistake; --force does.
+  const std::vector<uint8_t> seed5 = read_bytes(dir / "m/model.safetensors");
+  EXPECT_EQ(error_of([&] { run({"--preset", "tiny", "--out", dir / "m", "--seed", "6"}); }),
+            dir / "m" + ": the folder is not empty (give a new or empty folder, or --force to overwrite)");
+  EXPECT_EQ(read_bytes(dir / "m/model.safetensors"), seed5);
+  write_string(dir / "notes.txt", "mine");
+  EXPECT_NE(error_of([&] { run({"--preset", "tiny", "--out", dir.path()}); }), "");  // any file counts
+  EXPECT_EQ(run({"--preset", "tiny", "--out", dir / "m", "--seed", "6", "--force"}), 0);
+  EXPECT_NE(read_bytes(dir / "m/model.safetensors"), seed5);
+  TempDir empty;
+  EXPECT_EQ(run({"--preset", "tiny", "--out", empty.path()}), 0);  // an empty folder is fine
 }

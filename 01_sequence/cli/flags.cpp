@@ -6,7 +6,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 
 namespace nanovllm {
 
@@ -77,6 +80,18 @@ double Flags::get_double(const std::string& name, double fallback, double lo, do
     throw UsageError(message.str());
   }
   return value;
+}
+
+void write_stdout(const std::string& text) {
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size())
+    fail("cannot write to stdout: ", std::strerror(errno));
+}
+
+void flush_stdout() {
+  errno = 0;
+  std::cout.flush();
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout;
+  if (failed) fail("cannot write to stdout: ", std::strerror(errno ? errno : EIO));
 }
 
 uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {

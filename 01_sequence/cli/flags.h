@@ -42,6 +42,12 @@ class Flags {
   std::vector<std::pair<std::string, std::string>> in_order_;
 };
 
+// Output that never arrived is an error, not a success: both throw Error "cannot write to stdout:
+// <reason>" when a write failed (a full disk, a closed stdout). write_stdout writes `text` to stdout;
+// flush_stdout flushes std::cout and stdout (main() calls it after every command).
+void write_stdout(const std::string& text);
+void flush_stdout();
+
 // The subcommands, one file each in 01_sequence/cli/; main() dispatches.
 int cmd_generate(const Flags& flags);         // generate.cpp
 int cmd_logits(const Flags& flags);           // generate.cpp

@@ -4,6 +4,8 @@
 //   nanovllm logits   --model DIR --prompt-ids 1,2,3
 //
 // Part of the entry (linked last): it builds an LLMEngine from flags.
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 
@@ -15,6 +17,7 @@
 #include "02_scheduler/scheduler.h"
 #include "01_sequence/tokenizer/chat_template.h"
 #include "01_sequence/tokenizer/tokenizer.h"
+#include "01_sequence/base/utf8.h"
 #include "04_model_runner/model_runner.h"
 #include "04_model_runner/checkpoint/random_model.h"
 
@@ -22,41 +25,37 @@ namespace nanovllm {
 
 namespace {
 
-// "1,2,3" -> {1, 2, 3}.
+// "1,2,3" -> {1, 2, 3}: plain decimal ids, nothing else ("1,2,", "1, 2" and "+1" are refused).
 std::vector<int32_t> parse_ids(const std::string& text) {
+  if (text.empty()) throw UsageError("--prompt-ids is empty");
   std::vector<int32_t> ids;
-  std::string item;
-  std::istringstream in(text);
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
+  for (size_t start = 0;; start++) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    int64_t v = -1;
+    auto [stop, ec] = std::from_chars(text.data() + start, text.data() + end, v);
+    if (ec != std::errc() || stop != text.data() + end || end == start || v < 0 || v > INT32_MAX)
       throw UsageError("--prompt-ids expects comma-separated token ids, got '" + text + "'");
     ids.push_back(int32_t(v));
+    if ((start = end) == text.size()) break;
   }
-  if (ids.empty()) throw UsageError("--prompt-ids is empty");
   return ids;
 }
 
 // Without --model, `generate` runs on an embedded default: a tiny Qwen3 with random weights and the
-// real Qwen3 tokenizer, written under build/data the first time. Its text is gibberish, but every part
-// of the engine runs on it.
+// real Qwen3 tokenizer, written under build/data the first time (safely when several runs start at
+// once, see ensure_random_model). Its text is gibberish, but every part of the engine runs on it.
 std::string default_model() {
   const std::string dir = data_dir() + "/tiny-random-qwen3";
-  if (!is_regular_file(dir + "/config.json")) {
+  if (!is_complete_random_model(dir, /*with_tokenizer=*/true))
     std::fprintf(stderr, "no --model given: writing a tiny random-weight Qwen3 to %s\n", dir.c_str());
-    write_random_model("tiny", dir, 0, data_dir() + "/qwen3-tokenizer");
-  }
+  ensure_random_model("tiny", dir, 0, data_dir() + "/qwen3-tokenizer");
   return dir;
 }
 
 EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   EngineConfig c;
+  for (const char* name : {"model", "tokenizer"})
+    if (f.has(name) && f.get(name).empty()) throw UsageError(std::string("--") + name + " expects a folder, got ''");
   c.model = f.get("model");
   if (c.model.empty() && !default_allowed) throw UsageError("--model DIR is required");
   if (c.model.empty()) c.model = default_model();
@@ -115,6 +114,14 @@ int cmd_generate(const Flags& flags) {
       prompts.push_back(parse_ids(value));
       prompt_texts.push_back("");
     } else if (name == "prompt") {
+      // Checked here, so that the error names the prompt and the offset in it as given (not in the chat
+      // template around it).
+      for (size_t i = 0, len; i < value.size(); i += len) {
+        uint32_t code_point;
+        if ((len = utf8_decode(value.data() + i, value.size() - i, &code_point)) == 0)
+          fail("prompt ", prompts.size(), ": invalid UTF-8 at byte offset ", i, " (byte 0x", std::hex,
+               int(uint8_t(value[i])), ")");
+      }
       std::string text = flags.has("chat") ? apply_chat_template({{"user", value}}, true, true) : value;
       prompts.push_back(tokenizer->encode(text));
       prompt_texts.push_back(text);
@@ -133,18 +140,19 @@ int cmd_generate(const Flags& flags) {
       line.set("prompt_token_ids", prompt_ids);
       line.set("token_ids", token_ids);
       if (tokenizer) line.set("text", out.text);
-      std::cout << line.dump() << "\n";
+      write_stdout(line.dump() + "\n");
     } else if (tokenizer) {  // as nano-vllm's example.py: the prompt and the completion, quoted
-      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids) : prompt_texts[i];
+      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids, true) : prompt_texts[i];
       std::string line = "Prompt: ";
       json_append_quoted(line, prompt);
       line += "\nCompletion: ";
       json_append_quoted(line, out.text);
-      std::cout << line << "\n";
+      write_stdout(line + "\n");
     } else {
-      std::cout << "Prompt " << i << ": " << out.prompt_token_ids.size() << " tokens\nCompletion " << i << ":";
-      for (int32_t t : out.token_ids) std::cout << " " << t;
-      std::cout << "\n";
+      std::string line = "Prompt " + std::to_string(i) + ": " + std::to_string(out.prompt_token_ids.size()) +
+                         " tokens\nCompletion " + std::to_string(i) + ":";
+      for (int32_t t : out.token_ids) line += " " + std::to_string(t);
+      write_stdout(line + "\n");
     }
   }
   const EngineStats& s = engine.stats();
@@ -174,6 +182,11 @@ int cmd_logits(const Flags& flags) {
   if (!flags.has("prompt-ids")) throw UsageError("--prompt-ids is required");
   std::vector<int32_t> prompt = parse_ids(flags.get("prompt-ids"));
   EngineConfig config = engine_config_from(flags, /*default_allowed=*/false);
+  // Only the prompt must fit max_model_len: the token sampled after it is not part of the output, but
+  // the scheduler counts prompt + max_tokens (1), so make room for it.
+  if (int64_t(prompt.size()) > config.max_model_len)
+    fail("request 0: prompt (", prompt.size(), " tokens) exceeds max_model_len (", config.max_model_len, ")");
+  config.max_model_len++;
   LLMEngine engine(config);
   SamplingParams greedy;
   greedy.temperature = 0;
@@ -190,7 +203,7 @@ int cmd_logits(const Flags& flags) {
     json_append_float(out, logits[i]);
   }
   out += "]\n";
-  std::cout << out;
+  write_stdout(out);
   return 0;
 }
 

@@ -21,7 +21,11 @@ int cmd_hash_blocks(const Flags& flags) {
   const int block_size = int(flags.get_int("block-size", 256, 1, 1 << 20));
   std::string line;
   for (int line_no = 1; std::getline(std::cin, line); line_no++) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {  // a blank line for a blank line: aligned
+      write_stdout("\n");
+      flush_stdout();
+      continue;
+    }
     std::string source = "stdin line " + std::to_string(line_no);
     Json value = Json::parse(line, source);
     if (!value.is_array()) fail(source, ": expected an array of token ids");
@@ -39,7 +43,8 @@ int cmd_hash_blocks(const Flags& flags) {
       out += std::to_string(h);
     }
     out += "]\n";
-    std::cout << out << std::flush;
+    write_stdout(out);
+    flush_stdout();
   }
   return 0;
 }

@@ -3,6 +3,10 @@
 //
 // Exit codes: 0 success, 1 failure (bad file, bad request), 2 usage error. Errors are one stderr line
 // "error: ...".
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -57,9 +61,9 @@ const std::vector<Command>& commands() {
       {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},
        "hash-blocks [--block-size N]   stdin: JSON Lines of token-id arrays -> the chained xxh64 of each "
        "full block"},
-      {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {},
-       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]   a checkpoint with random bf16 "
-       "weights shaped like a real Qwen3"},
+      {"random-model", nanovllm::cmd_random_model, {"preset", "out", "seed", "tokenizer"}, {"force"},
+       "random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR] [--force]   a checkpoint with random "
+       "bf16 weights shaped like a real Qwen3 (--force: overwrite a folder that is not empty)"},
       {"tokenize", nanovllm::cmd_tokenize, {"tokenizer"}, {},
        "tokenize [--tokenizer DIR]   stdin: JSON Lines of strings -> one JSON array of token ids per line"},
       {"detokenize", nanovllm::cmd_detokenize, {"tokenizer"}, {},
@@ -88,13 +92,21 @@ void print_usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed stdout would make every result vanish (and let the next file opened take descriptor 1):
+  // refuse before doing any work.
+  if (fcntl(STDOUT_FILENO, F_GETFD) == -1) {
+    std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+    return 1;
+  }
   if (argc < 2) {
     std::fprintf(stderr, "error: no command given (try: nanovllm help)\n");
     return 2;
   }
   if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
     print_usage(stdout);
-    return 0;
+    if (std::fflush(stdout) == 0) return 0;
+    std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+    return 1;
   }
   for (const Command& c : commands()) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
@@ -107,7 +119,9 @@ int main(int argc, char** argv) {
     }
     try {
       nanovllm::Flags flags(argc - 2, argv + 2, c.value_flags, c.switches);
-      return c.run(flags);
+      const int code = c.run(flags);
+      nanovllm::flush_stdout();  // a failed write is an error, even at the very end
+      return code;
     } catch (const nanovllm::UsageError& e) {
       std::fprintf(stderr, "error: %s (usage: nanovllm %s)\n", e.what(), c.usage);
       return 2;

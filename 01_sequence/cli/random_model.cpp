@@ -1,13 +1,17 @@
-// random_model.cpp: `nanovllm random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]`
-// (04_model_runner/checkpoint/random_model.h writes the checkpoint).
+// random_model.cpp: `nanovllm random-model --preset PRESET --out DIR [--seed S] [--tokenizer DIR]
+// [--force]` (04_model_runner/checkpoint/random_model.h writes the checkpoint).
 //
 // Writes a Hugging Face style checkpoint folder with random bf16 weights in the exact shape of a real
-// Qwen3 model (see random_model.h), for benchmarks and tests without downloading weights:
+// Qwen3 model (see random_model.h), for benchmarks and tests without downloading weights. DIR must be new
+// or empty unless --force is given: a checkpoint already there is not overwritten by mistake.
 //
 //   $ nanovllm random-model --preset qwen3-0.6b --out /tmp/q06 --tokenizer build/data/qwen3-tokenizer
 //   wrote /tmp/q06: qwen3-0.6b, 596049920 parameters (1192.1 MB of bf16), seed 0, in 4.1 s
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "01_sequence/cli/flags.h"
@@ -27,6 +31,13 @@ int cmd_random_model(const Flags& flags) {
   }
   const std::string out = flags.get("out");
   const uint64_t seed = flags.get_uint64("seed", 0);
+  DIR* d = flags.has("force") ? nullptr : opendir(out.c_str());
+  if (d) {
+    bool empty = true;
+    while (dirent* entry = readdir(d)) empty &= !std::strcmp(entry->d_name, ".") || !std::strcmp(entry->d_name, "..");
+    closedir(d);
+    if (!empty) fail(out, ": the folder is not empty (give a new or empty folder, or --force to overwrite)");
+  }
 
   const auto start = std::chrono::steady_clock::now();
   write_random_model(config, out, seed, flags.get("tokenizer"));

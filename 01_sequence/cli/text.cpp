@@ -10,8 +10,8 @@
 //   $ echo '"Hello, world!"' | nanovllm tokenize
 //   [9707,11,1879,0]
 //
-// DIR defaults to build/data/qwen3-tokenizer. Blank lines are skipped; any bad line stops the command
-// with "error: stdin line N: ..." and exit code 1. Each output line is flushed at once, so another
+// DIR defaults to build/data/qwen3-tokenizer. A blank line gives a blank line, so that output lines stay
+// aligned with input lines; any bad line stops the command with "error: stdin line N: ..." and exit code 1. Each output line is flushed at once, so another
 // program can talk to these commands line by line through a pipe.
 #include <chrono>
 #include <cstdio>
@@ -33,13 +33,17 @@ Tokenizer load_tokenizer(const Flags& flags) {
   return Tokenizer::load(flags.get("tokenizer", data_dir() + "/qwen3-tokenizer"));
 }
 
-// Runs `handle` on every non-blank stdin line, as a parsed JSON value, and prints what it returns.
-// Errors from the handler are prefixed with "stdin line N: ".
+// Runs `handle` on every non-blank stdin line, as a parsed JSON value, and prints what it returns (a
+// blank line for a blank line). Errors from the handler are prefixed with "stdin line N: ".
 template <class Handler>
 int for_each_json_line(Handler handle) {
   std::string line;
   for (int line_no = 1; std::getline(std::cin, line); line_no++) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      write_stdout("\n");
+      flush_stdout();
+      continue;
+    }
     std::string source = "stdin line " + std::to_string(line_no);
     Json value = Json::parse(line, source);  // its errors already start with the source
     std::string out;
@@ -49,8 +53,8 @@ int for_each_json_line(Handler handle) {
       fail(source, ": ", e.what());
     }
     out += '\n';
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    std::fflush(stdout);
+    write_stdout(out);
+    flush_stdout();  // at once: a failed write stops the command
   }
   return 0;
 }

@@ -631,9 +631,10 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& ids) const {
 // ===================================================================================================
 // Decode.
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_unknown) const {
   std::string bytes;
-  for (int32_t id : ids) bytes += token_bytes(id);
+  for (int32_t id : ids)
+    if (!skip_unknown || (id >= 0 && id < vocab_size() && kind_[id] != Kind::kNone)) bytes += token_bytes(id);
   return utf8_lossy(bytes);
 }
 

@@ -63,8 +63,9 @@ class Tokenizer {
   // Text (UTF-8) -> token ids. Throws Error naming the byte offset of the first invalid UTF-8 byte.
   std::vector<int32_t> encode(std::string_view text) const;
   // Token ids -> text, special tokens kept, invalid UTF-8 replaced by U+FFFD. Throws Error on an id that
-  // is not in the vocabulary.
-  std::string decode(const std::vector<int32_t>& ids) const;
+  // is not in the vocabulary, unless skip_unknown: then it decodes to nothing, as in Hugging Face's
+  // decode (the engine's case: Qwen3's embedding has 151,936 rows, its tokenizer 151,669 ids).
+  std::string decode(const std::vector<int32_t>& ids, bool skip_unknown = false) const;
 
   // Max id + 1, added tokens included (151669 for Qwen3).
   int32_t vocab_size() const { return int32_t(tokens_.size()); }

@@ -332,6 +332,18 @@ TEST(Ch01_TokenizerDecode, LossyLikeRust) {
   EXPECT_EQ(qwen3().decode({byte_token(0xFF)}), fffd);
 }
 
+TEST(Ch01_TokenizerDecode, SkipUnknownDropsIdsTheTokenizerLacks) {
+  // Hugging Face's decode drops ids it has no token for; the engine needs that for the ids of Qwen3's
+  // padded embedding (151669..151935). Without skip_unknown they stay an error. A byte-level character
+  // split around a dropped id still joins up: é = C3 A9.
+  const int32_t hello = 9707, comma = 11;
+  EXPECT_EQ(qwen3().decode({hello, 151832, comma, 151935, -1}, true), qwen3().decode({hello, comma}));
+  EXPECT_EQ(qwen3().decode({byte_token(0xC3), 151700, byte_token(0xA9)}, true), cp(0xE9));
+  EXPECT_EQ(qwen3().decode({151669}, true), "");
+  EXPECT_EQ(qwen3().decode({151645}, true), "<|im_end|>");  // added tokens still decode
+  EXPECT_THROW(qwen3().decode({hello, 151832}), Error);
+}
+
 TEST(Ch01_TokenizerDecode, StreamingHoldsBackSplitCharacters) {
   StreamDecoder stream(qwen3());
   EXPECT_EQ(stream.push(byte_token(0xC3)), "");        // first byte of é

@@ -3,12 +3,16 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <system_error>
 #include <thread>
 
@@ -237,6 +241,97 @@ void write_random_model(const ModelConfig& config, const std::string& out_dir, u
 void write_random_model(const std::string& preset, const std::string& out_dir, uint64_t seed,
                         const std::string& tokenizer_dir) {
   write_random_model(random_model_config(preset), out_dir, seed, tokenizer_dir);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Writing once, atomically
+
+namespace {
+
+// What write_random_model writes: the checkpoint, then (when asked) the tokenizer.
+constexpr const char* kModelFiles[] = {"model.safetensors", "config.json", "generation_config.json",
+                                       "tokenizer.json", "tokenizer_config.json"};
+constexpr int kFilesWithoutTokenizer = 3;
+
+// The folder being written, for the signal handler: fixed buffers, since a handler may only call
+// async-signal-safe functions (unlink, rmdir, signal, raise).
+char g_temp_dir[4096];
+char g_temp_suffix[32];  // ".tmp.<pid>": write_text_file / write_safetensors write FILE.tmp.<pid> first
+volatile sig_atomic_t g_writing = 0;
+
+void append(char* out, size_t size, const char* text) {
+  size_t n = 0;
+  while (n < size - 1 && out[n]) n++;
+  while (n < size - 1 && *text) out[n++] = *text++;
+  out[n] = '\0';
+}
+
+// Removes every file the writer may have created in `dir`, then `dir` itself (best effort).
+void remove_temp_dir(const char* dir) {
+  for (const char* name : kModelFiles)
+    for (const char* suffix : {"", static_cast<const char*>(g_temp_suffix)}) {
+      char path[sizeof g_temp_dir + 64] = "";
+      append(path, sizeof path, dir);
+      append(path, sizeof path, "/");
+      append(path, sizeof path, name);
+      append(path, sizeof path, suffix);
+      unlink(path);
+    }
+  rmdir(dir);
+}
+
+void on_interrupt(int sig) {
+  if (g_writing) remove_temp_dir(g_temp_dir);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);  // die of the signal, as without the handler
+}
+
+}  // namespace
+
+bool is_complete_random_model(const std::string& dir, bool with_tokenizer) {
+  const int files = with_tokenizer ? int(std::size(kModelFiles)) : kFilesWithoutTokenizer;
+  for (int i = 0; i < files; i++)
+    if (!is_regular_file(dir + "/" + kModelFiles[i])) return false;
+  return true;
+}
+
+bool ensure_random_model(const std::string& preset, const std::string& dir, uint64_t seed,
+                         const std::string& tokenizer_dir) {
+  const bool with_tokenizer = !tokenizer_dir.empty();
+  if (is_complete_random_model(dir, with_tokenizer)) return false;
+  // Only an older, non-atomic writer could have left it incomplete; we do not guess what else is in it.
+  if (is_directory(dir)) fail(dir, ": exists but is incomplete (an interrupted earlier run?); delete it");
+
+  const std::string temp = dir + ".tmp." + std::to_string(getpid());
+  if (temp.size() >= sizeof g_temp_dir) fail(dir, ": path too long");
+  g_temp_dir[0] = g_temp_suffix[0] = '\0';
+  append(g_temp_dir, sizeof g_temp_dir, temp.c_str());
+  append(g_temp_suffix, sizeof g_temp_suffix, (".tmp." + std::to_string(getpid())).c_str());
+  struct sigaction action = {}, old_int, old_term;
+  action.sa_handler = on_interrupt;
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+  g_writing = 1;
+  auto restore = [&] {
+    g_writing = 0;
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  };
+  try {
+    write_random_model(preset, temp, seed, tokenizer_dir);
+  } catch (...) {
+    remove_temp_dir(temp.c_str());
+    restore();
+    throw;
+  }
+  const bool renamed = std::rename(temp.c_str(), dir.c_str()) == 0;
+  const int rename_errno = errno;
+  if (!renamed) remove_temp_dir(temp.c_str());
+  restore();
+  if (renamed) return true;
+  // Another process renamed its copy first: that is as good as ours.
+  if (is_complete_random_model(dir, with_tokenizer)) return false;
+  fail(dir, ": cannot rename ", temp, " into place: ", std::strerror(rename_errno));
 }
 
 }  // namespace nanovllm

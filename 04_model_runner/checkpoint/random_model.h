@@ -35,4 +35,16 @@ void write_random_model(const ModelConfig& config, const std::string& out_dir, u
 void write_random_model(const std::string& preset, const std::string& out_dir, uint64_t seed,
                         const std::string& tokenizer_dir = "");
 
+// True when `dir` holds every file write_random_model writes (the tokenizer's too when with_tokenizer).
+bool is_complete_random_model(const std::string& dir, bool with_tokenizer);
+
+// For the checkpoints the command line makes on first use (the embedded default, `bench --random`):
+// writes the preset's checkpoint to `dir` unless a complete one is there, safely when several processes
+// start at once or one is interrupted. It is written into `dir`.tmp.<pid> and renamed into place in one
+// step, so `dir` is absent or complete; losing the rename to another process is success (same preset,
+// same seed, same bytes). SIGINT or SIGTERM during the write removes the temporary folder. Returns true
+// if this call wrote the checkpoint.
+bool ensure_random_model(const std::string& preset, const std::string& dir, uint64_t seed,
+                         const std::string& tokenizer_dir = "");
+
 }  // namespace nanovllm

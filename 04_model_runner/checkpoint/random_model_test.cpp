@@ -3,8 +3,10 @@
 // and the command line.
 #include "04_model_runner/checkpoint/random_model.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -212,4 +214,29 @@ TEST(Ch04_RandomModel, BadOutputOrTokenizerFolderIsAnError) {
   EXPECT_EQ(error_of([&] { write_random_model(small_config(), dir.path(), 0); }),
             dir.path() + ": already holds another checkpoint (model-00001-of-00002.safetensors); choose an empty folder");
   EXPECT_EQ(error_of([&] { write_random_model(small_config(), dir / "a/b", 0); }).rfind(dir / "a/b: cannot create", 0), 0u);
+}
+
+TEST(Ch04_RandomModel, EnsureWritesOnceAndAtomically) {
+  TempDir dir;
+  const std::string model = dir / "m";
+  EXPECT_TRUE(ensure_random_model("tiny", model, 3));
+  EXPECT_TRUE(is_complete_random_model(model, false));
+  EXPECT_FALSE(is_complete_random_model(model, true));  // no tokenizer was asked for
+  const std::vector<uint8_t> bytes = read_bytes(model + "/model.safetensors");
+  EXPECT_FALSE(ensure_random_model("tiny", model, 3));  // complete: left alone
+  EXPECT_EQ(read_bytes(model + "/model.safetensors"), bytes);
+  TempDir again;
+  write_random_model("tiny", again.path(), 3);  // the same bytes as a direct write
+  EXPECT_EQ(read_bytes(again / "model.safetensors"), bytes);
+  // Nothing but the model folder: the temporary one was renamed away.
+  DIR* d = opendir(dir.path().c_str());
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) names.push_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{".", "..", "m"}));
+  // A folder left incomplete (by an older writer) is not guessed at.
+  std::remove((model + "/config.json").c_str());
+  EXPECT_EQ(error_of([&] { ensure_random_model("tiny", model, 3); }),
+            model + ": exists but is incomplete (an interrupted earlier run?); delete it");
 }
