@@ -28,7 +28,8 @@ struct Command {
 // Flags every engine command takes (the "engine options" of README.md).
 const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs", "max-num-batched-tokens",
                                                "max-model-len", "gpu-memory-utilization", "block-size",
-                                               "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer"};
+                                               "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer",
+                                               "cpu-memory-mib"};
 const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace"};
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -79,7 +80,7 @@ const std::vector<Command>& commands() {
 
 const char* const kEngineOptionsHelp =
     "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
-    "                --gpu-memory-utilization F --block-size N (multiple of 16) --kv-cache-blocks N\n"
+    "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
     "                --enforce-eager --tensor-parallel-size N --seed S --trace\n"
     "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
 
