@@ -64,9 +64,10 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 
 }  // namespace nanovllm
 
-// CUDA (sampler.cu): greedy and temperature (Gumbel-max) sampling, one block per row; the same random
-// numbers as the CPU. Rows asking for top-k or top-p are not handled here: the model runner samples
-// those on the CPU (sample_cpu).
+// CUDA (sampler.cu): every row, one block per row, the same random numbers as the CPU. Greedy and
+// temperature rows by sample_kernel; rows asking for top-k or top-p by sample_top_k_top_p_kernel
+// (sampler_top_k_top_p.cu: radix select, no sort), which writes -1 for a row with a NaN or an infinite
+// maximum. No host synchronisation or allocation: safe inside a CUDA graph.
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"
 
