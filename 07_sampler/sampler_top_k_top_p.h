@@ -73,11 +73,11 @@ SAMPLER_HD inline bool key_matches(uint32_t key, uint32_t prefix, int shift) {
 // row whose largest is max_logit, in fixed point: Q = round(q * 2^44). The most likely token has exactly
 // 2^44. Integer sums are exact, so a histogram filled by atomics in any order holds the same totals on
 // every run, which float atomics would not. A row of up to 2^19 tokens sums to at most 2^63: no overflow.
-// q is computed in double (as sample_row_cpu does) so that the kept set is the CPU's unless a cumulative
-// sum lands within about 1e-12 of top_p * total; rounding to 2^-44 adds at most 2^-45 per token.
-// A token with q < 2^-45 (more than 31 * T below the maximum) gets Q = 0: it can never be the token that
-// crosses top_p, which differs from the CPU only when the mass above it falls short of top_p by less
-// than the tail below it (an "exact tie" in the sense of the README).
+// q is computed in double, as sample_row_cpu does; rounding to 2^-44 moves a cumulative sum by at most
+// 2^-45 per token (4e-9 of the largest mass over 151,936 tokens), so the kept set is the CPU's unless a
+// cumulative sum lands that close to top_p * Z. A token more than 31 * T below the maximum (q < 2^-45)
+// weighs 0: it is never the one that crosses top_p, as the whole tail of such tokens weighs less than
+// 2^19 * 2^-45 = 2^-26 of the most likely token, less than 1 - top_p >= 2^-24 of the total.
 using Mass = unsigned long long;  // unsigned long long, not uint64_t: the type CUDA's atomicAdd takes
 constexpr int kMassBits = 44;
 constexpr int kMaxTopKTopPVocab = 1 << 19;  // 2^19 tokens * 2^44 = 2^63
