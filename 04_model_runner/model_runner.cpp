@@ -365,13 +365,10 @@ std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool i
   Rank& r0 = *ranks_[0];
   std::vector<int32_t> tokens(static_cast<size_t>(B));
   r0.backend->download(tokens.data(), r0.tokens.slice_rows(0, B));
-  const Tensor step_logits = r0.workspace.logits.slice_rows(0, B);
-  const bool host_rows = device() == Device::CUDA && cuda_leaves_rows_to_host(in.sampling.data(), B);
-  if (logits || host_rows) {
-    std::vector<float> host_logits(size_t(step_logits.numel()));
-    r0.backend->download(host_logits.data(), step_logits);
-    if (host_rows) sample_rows_left_to_host(tokens.data(), host_logits.data(), B, int(step_logits.row_size()), in.sampling.data());
-    if (logits) *logits = std::move(host_logits);
+  if (logits) {
+    const Tensor step_logits = r0.workspace.logits.slice_rows(0, B);
+    logits->resize(size_t(step_logits.numel()));
+    r0.backend->download(logits->data(), step_logits);
   }
   return tokens;
 }

@@ -2,6 +2,7 @@
 #include <climits>
 
 #include "07_sampler/sampler.h"
+#include "07_sampler/sampler_top_k_top_p.h"
 
 namespace nanovllm {
 
@@ -56,6 +57,11 @@ void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_s
   if (num_rows == 0) return;
   sample_kernel<<<num_rows, kThreads, 0, stream>>>(tokens, logits, vocab_size, rows);
   CUDA_CHECK_LAUNCH();
+  // Rows with top-k or top-p: sample_top_k_top_p_kernel (sampler_top_k_top_p.cu) samples them again and
+  // overwrites their tokens; on the same stream, it runs after sample_kernel. Which rows those are is only
+  // known on the device (a CUDA graph replays with new rows), so both kernels get a block for every row and
+  // the second one returns at once for the rows it does not own.
+  sample_top_k_top_p_cuda(tokens, logits, num_rows, vocab_size, rows, stream);
 }
 
 }  // namespace nanovllm

@@ -70,19 +70,12 @@ int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& r
 // Batched: tokens[b] = sample_row_cpu(logits + b * vocab_size, vocab_size, rows[b]).
 void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows);
 
-// sample_cuda does greedy and temperature rows only: rows asking for top-k or top-p are left to the host.
-// cuda_leaves_rows_to_host says whether a batch has such rows; sample_rows_left_to_host samples exactly
-// those rows with sample_row_cpu from the downloaded logits (num_rows, vocab_size), keeping the GPU's
-// tokens for the others.
-bool cuda_leaves_rows_to_host(const SamplingRow* rows, int num_rows);
-void sample_rows_left_to_host(int32_t* tokens, const float* logits, int num_rows, int vocab_size,
-                              const SamplingRow* rows);
-
 }  // namespace nanovllm
 
-// CUDA (sampler.cu): greedy and temperature (Gumbel-max) sampling, one block per row; the same random
-// numbers as the CPU, and the same -1 for a row with a non-finite logit. Rows asking for top-k or top-p are not handled here: the model runner samples
-// those on the CPU (sample_cpu).
+// CUDA (sampler.cu): every row, one block per row, the same random numbers as the CPU. Greedy and
+// temperature rows by sample_kernel; rows asking for top-k or top-p by sample_top_k_top_p_kernel
+// (sampler_top_k_top_p.cu: radix select, no sort), which writes -1 for a row with a NaN or an infinite
+// maximum. No host synchronisation or allocation: safe inside a CUDA graph.
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"
 

@@ -71,16 +71,4 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
   for (int b = 0; b < num_rows; b++) tokens[b] = sample_row_cpu(logits + int64_t(b) * vocab_size, vocab_size, rows[b]);
 }
 
-static bool left_to_host(const SamplingRow& row) { return row.temperature > 0 && (row.top_k > 0 || row.top_p < 1.0f); }
-
-bool cuda_leaves_rows_to_host(const SamplingRow* rows, int num_rows) {
-  return std::any_of(rows, rows + num_rows, left_to_host);
-}
-
-void sample_rows_left_to_host(int32_t* tokens, const float* logits, int num_rows, int vocab_size,
-                              const SamplingRow* rows) {
-  for (int b = 0; b < num_rows; b++)
-    if (left_to_host(rows[b])) tokens[b] = sample_row_cpu(logits + int64_t(b) * vocab_size, vocab_size, rows[b]);
-}
-
 }  // namespace nanovllm
