@@ -114,11 +114,11 @@ class CudaBackend final : public Backend {
     if (m.is_prefill) {
       prefill_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                              i32(m.cu_seqlens_q), i32(m.cu_seqlens_k), i32(m.block_tables), width, m.num_seqs,
-                             m.max_seqlen_q, s, stream_);
+                             m.max_seqlen_q, s, attention_version_, stream_);
     } else {
       decode_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                             i32(m.context_lens), i32(m.block_tables), width, m.num_seqs, m.max_context_len, s,
-                            f32(m.scratch), stream_);
+                            f32(m.scratch), attention_version_, stream_);
     }
   }
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
@@ -146,6 +146,7 @@ class CudaBackend final : public Backend {
  private:
   int device_id_;
   cudaStream_t stream_ = nullptr;
+  int attention_version_ = kAttentionVersionDefault;  // each phase's fastest kernel (05_attention/attention.h)
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
   std::vector<cudaGraphExec_t> graphs_;
