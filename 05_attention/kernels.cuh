@@ -58,7 +58,6 @@ void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 
-#ifdef __CUDACC__
 // Where one sequence's queries and keys are. Query i (0-based, of seqlen_q) is row q_row0 + i of q and
 // out; it sees keys 0 .. seqlen_k - seqlen_q + i (causal, bottom-right aligned).
 struct SeqRange {
@@ -70,6 +69,5 @@ __device__ inline SeqRange seq_range(const AttentionParams& p, int seq) {
   const int q_row0 = p.cu_seqlens_q[seq];
   return {q_row0, p.cu_seqlens_q[seq + 1] - q_row0, p.cu_seqlens_k[seq + 1] - p.cu_seqlens_k[seq]};
 }
-#endif
 
 }  // namespace nanovllm

@@ -75,6 +75,7 @@
 // the 8 rows of any matrix (8 consecutive rows) land on 8 different 16-byte bank groups. Rows of 16
 // chunks keep the XOR inside each half (it only flips the 3 low bits).
 #include "05_attention/kernels.cuh"
+#include "05_attention/ptx.cuh"
 #include "05_attention/softmax.cuh"
 
 namespace nanovllm {
@@ -83,50 +84,6 @@ namespace {
 constexpr int kBr = 64;        // rows per block (the paper's B_r): (token, head) pairs, 16 per warp
 constexpr int kBc = 64;        // keys per KV tile (the paper's B_c)
 constexpr int kThreads = 128;  // 4 warps
-
-// ---------------------------------------------------------------------------------------------------
-// PTX wrappers
-
-__device__ inline uint32_t smem_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16 bytes from global `src` to shared `dst`, asynchronously. valid = false writes 16 zero bytes and
-// reads nothing (src-size 0); src must still be a valid address.
-__device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-// Closes the group of cp.async issued since the last commit.
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-// d (16 x 8, fp32) += a (16 x 16, bf16) b (16 x 8, bf16), one warp.
-__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> one register of two bf16, `lo` in the lower 16 bits.
-__device__ inline uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo is the lower half
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Byte offset of chunk `chunk` (16 bytes, dims 8 chunk ..) of row `row` in a swizzled (64, HEAD_DIM) tile.
 template <int HEAD_DIM>
@@ -305,6 +262,9 @@ __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_ker
       *reinterpret_cast<uint32_t*>(out + 8 * n + 2 * t4) = pack_bf16x2(O[n][2 * h] * inv_l, O[n][2 * h + 1] * inv_l);
   }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Launch
 
 template <int HEAD_DIM>
 void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {

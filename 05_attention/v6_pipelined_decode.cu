@@ -17,22 +17,12 @@
 // Measured: see NOTES.md. Whether it beats v2 can only be measured: kDefaultDecodeVersion
 //           (attention.h) stays v2 until it does.
 #include "05_attention/gqa_tile.cuh"
+#include "05_attention/ptx.cuh"
 
 namespace nanovllm {
 namespace {
 
 constexpr int kStages = 4;  // shared-memory stages: kStages - 1 steps in flight while one is computed
-
-// 16 bytes from global `src` to shared `dst`, asynchronously; valid = false writes zeros, reads nothing.
-__device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) attention_v6_pipelined_decode_kernel(AttentionParams p) {
@@ -54,7 +44,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_v6_pipelined_decode_ker
   // k = 0..3): a K row is 16 consecutive threads, 256 contiguous bytes.
   const int32_t* block_table = p.block_tables + int64_t(seq) * p.block_table_width;
   const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
-  const uint32_t stages = uint32_t(__cvta_generic_to_shared(smem));
+  const uint32_t stages = smem_address(smem);
   auto load_step = [&](int s) {
     const uint32_t stage = stages + uint32_t((s % kStages) * 2 * kStageBytes);
     for (int i = threadIdx.x; i < L::kStepKeys * L::KG; i += kWarps * 32) {
