@@ -35,10 +35,11 @@ __global__ void store_kvcache_kernel(bf16* k_cache, bf16* v_cache, const bf16* k
   const int token = blockIdx.x;
   const int32_t slot = slot_mapping[token];
   if (slot < 0) return;  // padding row
-  for (int c = threadIdx.x; c < kv_dim / VEC; c += blockDim.x) {
-    reinterpret_cast<Chunk*>(k_cache + int64_t(slot) * kv_dim)[c] = reinterpret_cast<const Chunk*>(k + token * row_stride)[c];
-    reinterpret_cast<Chunk*>(v_cache + int64_t(slot) * kv_dim)[c] = reinterpret_cast<const Chunk*>(v + token * row_stride)[c];
-  }
+  Chunk* k_dst = reinterpret_cast<Chunk*>(k_cache + int64_t(slot) * kv_dim);
+  Chunk* v_dst = reinterpret_cast<Chunk*>(v_cache + int64_t(slot) * kv_dim);
+  const Chunk* k_src = reinterpret_cast<const Chunk*>(k + token * row_stride);
+  const Chunk* v_src = reinterpret_cast<const Chunk*>(v + token * row_stride);
+  for (int c = threadIdx.x; c < kv_dim / VEC; c += blockDim.x) k_dst[c] = k_src[c], v_dst[c] = v_src[c];
 }
 
 }  // namespace
@@ -69,6 +70,7 @@ constexpr Launcher kPrefillLaunchers[] = {launch_v0_naive, launch_v1_gqa, nullpt
 constexpr Launcher kDecodeLaunchers[] = {launch_v0_naive,    launch_v1_gqa, launch_v2_split_k, launch_v3_staged_table,
                                          launch_v4_prefetch, nullptr,       launch_v6_pipelined_decode};
 
+// The fields every version reads; the phase-specific ones are filled by the caller.
 AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* block_tables, int width, const AttentionShape& s) {
   AttentionParams p{};
@@ -96,7 +98,8 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
   const int v = attention_version_for(AttentionPhase::Prefill, version, shape);
   if (num_seqs == 0 || max_seqlen_q == 0) return;
   check_alignment(v, q, q_stride, out, out_stride);
-  AttentionParams p = make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, block_table_width, shape);
+  AttentionParams p =
+      make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, block_table_width, shape);
   p.cu_seqlens_q = cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_k;
   kPrefillLaunchers[v](p, LaunchDims{num_seqs, max_seqlen_q, 0}, stream);
   CUDA_CHECK_LAUNCH();
@@ -130,7 +133,8 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
   const int v = attention_version_for(AttentionPhase::Decode, version, shape);
   if (num_seqs == 0) return;
   check_alignment(v, q, q_stride, out, out_stride);
-  AttentionParams p = make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, block_table_width, shape);
+  AttentionParams p =
+      make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, block_table_width, shape);
   p.context_lens = context_lens;
   // The partials of split-K (v2 and later; unused by v0 and v1), laid out as
   // decode_attention_scratch_bytes counted them: m, then l, then O.

@@ -159,6 +159,7 @@ __device__ inline bool reduce_block(RowStates<ROWS>& st) {
       online_softmax_merge(st.m[r], st.l[r], st.O[r], m_b, l_b, O_b);
     }
   }
+  // Each warp's merged state: (kWarps, ROWS) for m and l, (kWarps, ROWS, HEAD_DIM) for O.
   __shared__ float sm_m[kWarps][ROWS], sm_l[kWarps][ROWS], sm_O[kWarps][ROWS][HEAD_DIM];
   if (lane < KG) {
 #pragma unroll

@@ -19,6 +19,8 @@ namespace {
 
 constexpr int kPrefillRows = 8;  // (token, head) rows per prefill block
 
+// Block (x, kv_head, seq): rows x * ROWS .. of sequence seq that read KV head kv_head -> their out rows,
+// attention over each row's visible keys, all read through the block table.
 template <int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) attention_v1_gqa_kernel(AttentionParams p) {
   using L = LaneLayout<HEAD_DIM>;

@@ -18,6 +18,8 @@
 namespace nanovllm {
 namespace {
 
+// Block (partition, kv_head, seq): the G query heads of KV head kv_head of sequence seq over keys
+// partition * partition_size .. (partition + 1) * partition_size - 1 -> their partial (m, l, O).
 template <int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) attention_v2_split_k_kernel(AttentionParams p) {
   using L = LaneLayout<HEAD_DIM>;

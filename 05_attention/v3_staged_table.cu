@@ -15,6 +15,7 @@ namespace {
 
 constexpr int kTableEntries = 64;  // block-table entries staged per block: 512 keys / 16 + 1 = 33 at most
 
+// As attention_v2_split_k_kernel: block (partition, kv_head, seq) -> partial (m, l, O) of its G heads.
 template <int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) attention_v3_staged_table_kernel(AttentionParams p) {
   using L = LaneLayout<HEAD_DIM>;

@@ -15,6 +15,7 @@ namespace {
 
 constexpr int kTableEntries = 64;  // as v3
 
+// As attention_v2_split_k_kernel: block (partition, kv_head, seq) -> partial (m, l, O) of its G heads.
 template <int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) attention_v4_prefetch_kernel(AttentionParams p) {
   using L = LaneLayout<HEAD_DIM>;
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_v4_prefetch_kernel(Atte
 
   int warp_base = key_begin + warp * L::GROUPS * kKeysPerGroup;
   uint4 k_now[kKeysPerGroup], v_now[kKeysPerGroup];
-  if (warp_base < key_end) load_kv<HEAD_DIM>(p, page_of, warp_base + group * kKeysPerGroup, key_end, kv_head, c, k_now, v_now);
+  if (warp_base < key_end)
+    load_kv<HEAD_DIM>(p, page_of, warp_base + group * kKeysPerGroup, key_end, kv_head, c, k_now, v_now);
   for (; warp_base < key_end; warp_base += L::kStepKeys) {
     uint4 k_next[kKeysPerGroup], v_next[kKeysPerGroup];
     const bool more = warp_base + L::kStepKeys < key_end;  // the same for the whole warp

@@ -94,6 +94,8 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 
+// Block (x, kv_head, seq) takes row tile t = gridDim.x - 1 - x: rows 64 t .. 64 t + 63 of sequence seq
+// that read KV head kv_head (row -> token row / G, head kv_head * G + row % G) -> their out rows.
 template <int HEAD_DIM>
 __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_kernel(AttentionParams p) {
   constexpr int CHUNKS = HEAD_DIM / 8;               // 16-byte chunks per tile row
@@ -266,6 +268,7 @@ __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_ker
 // ---------------------------------------------------------------------------------------------------
 // Launch
 
+// One launch over (row tiles of the longest sequence, KV heads, sequences).
 template <int HEAD_DIM>
 void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
   const int G = p.num_heads / p.num_kv_heads;

@@ -24,6 +24,7 @@ namespace {
 
 constexpr int kStages = 4;  // shared-memory stages: kStages - 1 steps in flight while one is computed
 
+// As attention_v2_split_k_kernel: block (partition, kv_head, seq) -> partial (m, l, O) of its G heads.
 template <int HEAD_DIM, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) attention_v6_pipelined_decode_kernel(AttentionParams p) {
   using L = LaneLayout<HEAD_DIM>;

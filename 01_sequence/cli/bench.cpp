@@ -216,6 +216,12 @@ int cmd_bench_step(const Flags& flags) {
   const int batch = int(flags.get_int("batch", 256, 1, 1 << 16));
   const int context = int(flags.get_int("context", 1000, 1, 1 << 20));
   const int iterations = int(flags.get_int("iters", 20, 1, 100000));
+  // TODO(engine option): pass the version to the CUDA backend through EngineConfig; until then only the
+  // default runs, and asking for another one is refused rather than ignored.
+  const int attention_version = int(flags.get_int("attention-version", kAttentionVersionDefault,
+                                                  kAttentionVersionDefault, int(attention_versions().size()) - 1));
+  if (attention_version != kAttentionVersionDefault)
+    throw UsageError("--attention-version is not wired to the engine yet (05_attention/attention.h has the API)");
   EngineConfig config;
   config.model = model_from(flags);
   config.device = flags.get("device");
@@ -226,12 +232,6 @@ int cmd_bench_step(const Flags& flags) {
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.validate();
-  // TODO(engine option): pass the version to the CUDA backend through EngineConfig; until then only the
-  // default runs, and asking for another one is refused rather than ignored.
-  const int attention_version = int(flags.get_int("attention-version", kAttentionVersionDefault,
-                                                  kAttentionVersionDefault, int(attention_versions().size()) - 1));
-  if (attention_version != kAttentionVersionDefault)
-    throw UsageError("--attention-version is not wired to the engine yet (05_attention/attention.h has the API)");
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();
   const double copy_gbps = measure_copy_bandwidth();
