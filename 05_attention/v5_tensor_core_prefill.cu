@@ -274,9 +274,8 @@ void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t strea
   const int G = p.num_heads / p.num_kv_heads;
   const dim3 grid(unsigned((dims.max_seqlen_q * G + kBr - 1) / kBr), unsigned(p.num_kv_heads), unsigned(dims.num_seqs));
   const int smem_bytes = 5 * kBr * HEAD_DIM * 2;  // Q, K x 2, V x 2
-  // Above 48 KB a kernel must opt in (per device, so on every launch: tensor-parallel ranks may differ).
-  CUDA_CHECK(cudaFuncSetAttribute(attention_v5_tensor_core_prefill_kernel<HEAD_DIM>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v5_tensor_core_prefill_kernel<HEAD_DIM>), smem_bytes,
+                     stream);
   attention_v5_tensor_core_prefill_kernel<HEAD_DIM><<<grid, kThreads, smem_bytes, stream>>>(p);
 }
 

@@ -100,8 +100,7 @@ void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims
     constexpr int kHeadDim = decltype(head_dim)::value;
     auto kernel = attention_v6_pipelined_decode_kernel<kHeadDim, decltype(rows)::value>;
     const int smem_bytes = kStages * 2 * LaneLayout<kHeadDim>::kStepKeys * kHeadDim * 2;
-    // Above 48 KB a kernel must opt in (per device, so on every launch: tensor-parallel ranks may differ).
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
     kernel<<<grid, kWarps * 32, smem_bytes, stream>>>(p);
   });
   launch_decode_combine(p, dims.num_seqs, stream);
