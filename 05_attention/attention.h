@@ -85,7 +85,7 @@ constexpr int kDefaultDecodeVersion = 2;   // v2_split_k
 // phase and shape: the phase's default when `requested` is the default or does not implement the phase;
 // then v0_naive when the kernel cannot take the shape (v1-v6 are instantiated for head_dim 64 and 128
 // only, and their decode kernels for GQA groups of at most 8 query heads). Throws Error for a number
-// that is not in the table and for head_dim > 256 or not a multiple of 8 (v0's limits).
+// that is not in the table, and for head_dim outside 1..256 (v0's limit).
 int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape);
 
 }  // namespace nanovllm
@@ -101,8 +101,8 @@ void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16*
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 
 // Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size. `version`: see
-// attention_version_for (kAttentionVersionDefault: the fastest). q_stride must be a multiple of 8 and q
-// 16-byte aligned (16-byte loads); out_stride a multiple of 8.
+// attention_version_for (kAttentionVersionDefault: the fastest). From v1 on, q and out rows must be
+// 16-byte aligned (pointers, and strides multiples of 8): the kernels load 16 bytes at a time.
 void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                             const int32_t* block_tables, int block_table_width, int num_seqs, int max_seqlen_q,
