@@ -704,9 +704,9 @@ TEST(Ch05_Versions, TableIsNumberedInOrderAndEachFileExists) {
     EXPECT_TRUE(v.prefill || v.decode) << name << " implements no phase";
     EXPECT_GT(std::string(v.idea).size(), 10u) << name;
     const std::string file = std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/" + name + ".cu";
-    EXPECT_TRUE(test::read_file(file).find("__global__") != std::string::npos) << file << " holds no kernel";
-    const std::string readme = test::read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/README.md");
-    const std::string notes = test::read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/NOTES.md");
+    EXPECT_TRUE(read_file(file).find("__global__") != std::string::npos) << file << " holds no kernel";
+    const std::string readme = read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/README.md");
+    const std::string notes = read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/NOTES.md");
     EXPECT_NE(readme.find(name), std::string::npos) << "README.md does not walk " << name;
     EXPECT_NE(notes.find(name), std::string::npos) << "NOTES.md has no row for " << name;
   }

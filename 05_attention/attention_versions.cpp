@@ -1,6 +1,6 @@
 // attention_versions.cpp: the table of CUDA attention kernel versions and the rule that picks the one
 // that runs. Plain C++ (no CUDA), so that the command line and the CPU-only tests can read it.
-#include "01_sequence/common.h"
+#include "01_sequence/base/common.h"
 #include "05_attention/attention.h"
 
 namespace nanovllm {

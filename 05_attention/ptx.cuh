@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 

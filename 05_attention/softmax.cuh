@@ -1,5 +1,5 @@
 // softmax.cuh: the small device helpers every attention version shares: a key's cache slot through the
-// block table, raw bf16 conversion, and the online softmax of FlashAttention (Dao et al. 2022, after
+// block table, and the online softmax of FlashAttention (Dao et al. 2022, after
 // Milakov & Gimelshein 2018) in the paper's names.
 //
 // The online softmax keeps, for one query row over the keys seen so far,
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 
@@ -23,16 +23,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 // blocks in logical order. 64-bit, because slot * kv_dim can pass 2^31 elements in a large cache.
 __device__ inline int64_t key_slot(const int32_t* block_table, int j, int block_size) {
   return int64_t(block_table[j / block_size]) * block_size + j % block_size;
-}
-
-// 8 bf16 values held as 16 raw bytes (one 16-byte load) -> 8 floats.
-__device__ inline void bf16x8_to_float(const uint4& raw, float out[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x, out[2 * i + 1] = f.y;
-  }
 }
 
 // The factor that moves a sum taken under maximum m_old to maximum m_new >= m_old (base 2). When no key

@@ -11,9 +11,10 @@ mkdir -p "$OUT/gen" "$OUT/obj"
 python3 "$HERE/gen.py" "$OUT/gen"
 FLAGS="-std=c++17 -O1 -g -I$HERE/shadow -I$HERE -I$ROOT -isystem $CUDA_HOME/include -DNANOVLLM_CUDA
        -DNANOVLLM_SOURCE_DIR=\"$ROOT\" -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-unused-variable"
-for f in "$OUT"/gen/*.cpp "$HERE/harness.cpp" "$HERE/emu_runtime.cpp" "$ROOT/05_attention/attention_cpu.cpp" \
-         "$ROOT/01_sequence/common.cpp"; do
-  g++ $FLAGS -c "$f" -o "$OUT/obj/$(basename "$f" .cpp).o" &
+for f in "$OUT"/gen/*.cpp "$HERE/harness.cc" "$HERE/emu_runtime.cc" "$ROOT/05_attention/attention_cpu.cpp" \
+         "$ROOT"/01_sequence/base/*.cpp; do
+  case "$f" in *_test.cpp) continue ;; esac
+  g++ $FLAGS -x c++ -c "$f" -o "$OUT/obj/$(basename "${f%.*}").o" &
 done
 wait
 g++ -o "$OUT/emu" "$OUT"/obj/*.o -L"$CUDA_HOME/lib64" -lcudart -Wl,-rpath,"$CUDA_HOME/lib64"

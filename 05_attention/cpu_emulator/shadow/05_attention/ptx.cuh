@@ -1,7 +1,7 @@
 // Shadow of 05_attention/ptx.cuh for the emulator.
 #pragma once
 #include <cstdint>
-#include "01_sequence/cuda_utils.h"
+#include "01_sequence/base/cuda_utils.h"
 namespace nanovllm {
 inline uint32_t smem_address(const void* p) { return __cvta_generic_to_shared(p); }
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) { ::emu::cp_async_16(dst, src, valid); }

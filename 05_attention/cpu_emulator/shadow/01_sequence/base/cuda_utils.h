@@ -1,10 +1,11 @@
-// Shadow of 01_sequence/cuda_utils.h for the emulator (host compiler).
+// Shadow of 01_sequence/base/cuda_utils.h for the emulator (host compiler): the CUDA built-ins the
+// kernels use become calls into emu_runtime.cc; bf16.h's device-only helpers get host versions.
 #pragma once
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cmath>
 #include <algorithm>
-#include "01_sequence/common.h"
+#include "01_sequence/base/bf16.h"
+#include "01_sequence/base/common.h"
 #include "emu_runtime.h"
 
 #undef __shared__
@@ -25,7 +26,6 @@ inline int min(int a, int b) { return a < b ? a : b; }
 namespace nanovllm {
 #define CUDA_CHECK(call) do { } while (0)
 #define CUDA_CHECK_LAUNCH()
-using bf16 = __nv_bfloat16;
 struct alignas(16) Bf16x8 { __nv_bfloat162 h[4]; };
 inline void load_bf16x8(const bf16* p, float out[8]) {
   if (reinterpret_cast<uintptr_t>(p) % 16) ::nanovllm::fail("emu: misaligned 16-byte load");
@@ -37,6 +37,10 @@ inline void store_bf16x8(bf16* p, const float in[8]) {
   Bf16x8 v;
   for (int i = 0; i < 4; i++) v.h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
   *reinterpret_cast<Bf16x8*>(p) = v;
+}
+inline void bf16x8_to_float(const uint4& raw, float out[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  for (int i = 0; i < 4; i++) { float2 f = __bfloat1622float2(h[i]); out[2 * i] = f.x, out[2 * i + 1] = f.y; }
 }
 inline float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
