@@ -20,6 +20,7 @@ struct EngineConfig {
   int cpu_memory_mib = 512;            // on the CPU: the memory that share is taken of (the GPU measures its own)
   int tensor_parallel_size = 1;
   bool enforce_eager = false;          // no CUDA graphs
+  int attention_version = -1;          // CUDA attention kernel (05_attention/attention.h); -1 = each phase's fastest
   int kvcache_block_size = 256;        // tokens per KV block; any multiple of 16 (nano-vllm: of 256)
   // KV blocks to allocate. -1: as many as memory allows (nano-vllm always computes it and ignores a
   // user value; a real override makes preemption reproducible in tests).

@@ -127,8 +127,10 @@ class Backend {
 
 std::unique_ptr<Backend> make_cpu_backend();
 
-// The GPU backend on CUDA device `device_id` (only in builds with CUDA). Throws Error when there is none.
-std::unique_ptr<Backend> make_cuda_backend(int device_id);
+// The GPU backend on CUDA device `device_id` (only in builds with CUDA), running attention kernel
+// `attention_version` (05_attention/attention.h; -1: each phase's fastest). Throws Error when there is
+// no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1);
 // True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();
 int cuda_device_count();

@@ -29,7 +29,7 @@ float* f32(const Tensor& t) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device_id) : device_id_(device_id) {
+  CudaBackend(int device_id, int attention_version) : device_id_(device_id), attention_version_(attention_version) {
     CUDA_CHECK(cudaSetDevice(device_id));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
@@ -114,11 +114,11 @@ class CudaBackend final : public Backend {
     if (m.is_prefill) {
       prefill_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                              i32(m.cu_seqlens_q), i32(m.cu_seqlens_k), i32(m.block_tables), width, m.num_seqs,
-                             m.max_seqlen_q, s, stream_);
+                             m.max_seqlen_q, s, attention_version_, stream_);
     } else {
       decode_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                             i32(m.context_lens), i32(m.block_tables), width, m.num_seqs, m.max_context_len, s,
-                            f32(m.scratch), stream_);
+                            f32(m.scratch), attention_version_, stream_);
     }
   }
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
@@ -146,6 +146,7 @@ class CudaBackend final : public Backend {
  private:
   int device_id_;
   cudaStream_t stream_ = nullptr;
+  int attention_version_;  // 05_attention/attention.h; kAttentionVersionDefault: each phase's fastest kernel
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
   std::vector<cudaGraphExec_t> graphs_;
@@ -153,9 +154,9 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_id) {
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version) {
   if (!cuda_available()) fail("--device cuda: no CUDA device is available");
-  return std::make_unique<CudaBackend>(device_id);
+  return std::make_unique<CudaBackend>(device_id, attention_version);
 }
 
 bool cuda_available() { return cuda_device_present(); }
@@ -174,7 +175,7 @@ int cuda_device_count() {
 #else  // built without CUDA
 
 namespace nanovllm {
-std::unique_ptr<Backend> make_cuda_backend(int) {
+std::unique_ptr<Backend> make_cuda_backend(int, int) {
   fail("--device cuda: this build has no CUDA support (nvcc was not found when it was built)");
 }
 bool cuda_available() { return false; }

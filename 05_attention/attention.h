@@ -11,8 +11,9 @@
 // aligned: with seqlen_q new queries at the end of seqlen_k keys, query i (0-based) sees keys
 // 0 .. seqlen_k - seqlen_q + i. GQA: query head h reads KV head h / (num_heads / num_kv_heads).
 //
-// The plain C++ functions here are the readable spec and the test oracle (fp32); attention.cu has the
-// CUDA kernels (bf16 storage, fp32 arithmetic).
+// The plain C++ functions here are the readable spec and the test oracle (fp32); the CUDA kernels (bf16
+// storage, fp32 arithmetic) are a ladder of numbered versions, v0_naive.cu to v6_pipelined_decode.cu,
+// behind the two dispatching entry points in attention.cu.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +54,44 @@ void decode_attention_cpu(float* out, int64_t out_stride, const float* q, int64_
 }  // namespace nanovllm
 
 // ---------------------------------------------------------------------------------------------------
-// CUDA (attention.cu): the same three operations on a bf16 cache, fp32 arithmetic.
+// The CUDA kernel versions: a ladder from a naive kernel to tensor cores (05_attention/README.md walks it,
+// NOTES.md has each one's idea, prediction and measurement). This table is plain C++, so that the
+// command line and the CPU-only tests can read it without a GPU.
+#include <vector>
+
+namespace nanovllm {
+
+enum class AttentionPhase { Prefill, Decode };
+
+struct AttentionVersion {
+  int number;         // what --attention-version takes; the file is 05_attention/<name>.cu
+  const char* name;   // "v2_split_k"
+  bool prefill;       // implements the prefill phase
+  bool decode;        // implements the decode phase
+  const char* idea;   // the one thing it adds over the previous version
+};
+
+// Every version, in ladder order (number i at index i). A version that does not implement a phase runs
+// that phase's default instead: selecting v2_split_k runs v2 for decode and the default for prefill.
+const std::vector<AttentionVersion>& attention_versions();
+
+// The version to use when none is chosen. -1 rather than 0, because 0 is v0_naive.
+constexpr int kAttentionVersionDefault = -1;
+// Each phase's default: the fastest measured on the H200 (NOTES.md). One line each to flip.
+constexpr int kDefaultPrefillVersion = 5;  // v5_tensor_core_prefill
+constexpr int kDefaultDecodeVersion = 2;   // v2_split_k
+
+// The version that really runs for `requested` (kAttentionVersionDefault or a table number) in this
+// phase and shape: the phase's default when `requested` is the default or does not implement the phase;
+// then v0_naive when the kernel cannot take the shape (v1-v6 are instantiated for head_dim 64 and 128
+// only, and their decode kernels for GQA groups of at most 8 query heads). Throws Error for a number
+// that is not in the table, and for head_dim outside 1..256 (v0's limit).
+int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape);
+
+}  // namespace nanovllm
+
+// ---------------------------------------------------------------------------------------------------
+// CUDA (attention.cu and the v*.cu files): the same three operations on a bf16 cache, fp32 arithmetic.
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"
 
@@ -62,28 +100,25 @@ namespace nanovllm {
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 
-// Which version of the paged attention kernel runs (notes in 05_attention/NOTES.md): 1 = load then
-// compute (the default: fastest on the H200, see NOTES.md); 2 = block table staged in shared memory;
-// 3 = 2 + the next keys loaded while computing. Tests run all of them.
-extern int attention_kernel_version;
-
-// Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size.
+// Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size. `version`: see
+// attention_version_for (kAttentionVersionDefault: the fastest). From v1 on, q and out rows must be
+// 16-byte aligned (pointers, and strides multiples of 8): the kernels load 16 bytes at a time.
 void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                             const int32_t* block_tables, int block_table_width, int num_seqs, int max_seqlen_q,
-                            const AttentionShape& shape, cudaStream_t stream);
+                            const AttentionShape& shape, int version, cudaStream_t stream);
 
-// Decode, flash-decoding style: the context is cut into partitions of `partition_size` keys, each
-// attended by its own thread block, and the partial results (max, sum, unnormalised output) are merged by
-// a second kernel. max_context_len bounds the number of partitions launched (under a CUDA graph it is
-// max_model_len; blocks past a sequence's context return at once). `scratch` needs
-// decode_attention_scratch_bytes(...) bytes.
+// Decode: as decode_attention_cpu. From v2 on, flash-decoding: the context is cut into partitions of
+// decode_partition_size(...) keys, each attended by its own thread block, and the partial results (max,
+// sum, unnormalised output) are merged by a second kernel. max_context_len bounds the number of
+// partitions launched (under a CUDA graph it is max_model_len; blocks past a sequence's context return
+// at once). `scratch` needs decode_attention_scratch_bytes(...) bytes, enough for every version.
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& shape);
 int decode_partition_size(int num_seqs, const AttentionShape& shape);
 void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                            const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
                            int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
-                           float* scratch, cudaStream_t stream);
+                           float* scratch, int version, cudaStream_t stream);
 
 }  // namespace nanovllm
 #endif

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 using namespace nanovllm;
@@ -686,4 +687,71 @@ TEST(Ch05_Attention, StoreThenAttendChunkedPrefillAndDecodeSteps) {
     const int begin[2] = {45 + t, 35 + t}, end[2] = {46 + t, 36 + t};
     step(begin, end, true);
   }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The CUDA kernel versions: their table and the rule that picks the kernel that runs (plain C++, so
+// tested without a GPU; the kernels themselves are tested in attention_cuda_test.cpp).
+
+TEST(Ch05_Versions, TableIsNumberedInOrderAndEachFileExists) {
+  const std::vector<AttentionVersion>& table = attention_versions();
+  ASSERT_GE(table.size(), 6u);
+  for (size_t i = 0; i < table.size(); i++) {
+    const AttentionVersion& v = table[i];
+    EXPECT_EQ(v.number, int(i));
+    const std::string name = v.name, prefix = "v" + std::to_string(i) + "_";
+    EXPECT_EQ(name.rfind(prefix, 0), 0u) << name << " should start with " << prefix;
+    EXPECT_TRUE(v.prefill || v.decode) << name << " implements no phase";
+    EXPECT_GT(std::string(v.idea).size(), 10u) << name;
+    const std::string file = std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/" + name + ".cu";
+    EXPECT_TRUE(read_file(file).find("__global__") != std::string::npos) << file << " holds no kernel";
+    const std::string readme = read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/README.md");
+    const std::string notes = read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/NOTES.md");
+    EXPECT_NE(readme.find(name), std::string::npos) << "README.md does not walk " << name;
+    EXPECT_NE(notes.find(name), std::string::npos) << "NOTES.md has no row for " << name;
+  }
+  EXPECT_TRUE(table[0].prefill && table[0].decode) << "v0 is every phase's fallback";
+  EXPECT_TRUE(table[size_t(kDefaultPrefillVersion)].prefill);
+  EXPECT_TRUE(table[size_t(kDefaultDecodeVersion)].decode);
+}
+
+TEST(Ch05_Versions, DefaultAndPhaseFallbacks) {
+  const AttentionShape qwen = make_shape(16, 8, 128, 256);
+  const auto prefill = AttentionPhase::Prefill, decode = AttentionPhase::Decode;
+  EXPECT_EQ(attention_version_for(prefill, kAttentionVersionDefault, qwen), kDefaultPrefillVersion);
+  EXPECT_EQ(attention_version_for(decode, kAttentionVersionDefault, qwen), kDefaultDecodeVersion);
+  for (const AttentionVersion& v : attention_versions()) {
+    // A version runs in the phases it implements; in the others the phase's default runs.
+    EXPECT_EQ(attention_version_for(prefill, v.number, qwen), v.prefill ? v.number : kDefaultPrefillVersion) << v.name;
+    EXPECT_EQ(attention_version_for(decode, v.number, qwen), v.decode ? v.number : kDefaultDecodeVersion) << v.name;
+  }
+}
+
+TEST(Ch05_Versions, ShapesTheFastKernelsLackRunV0) {
+  const auto prefill = AttentionPhase::Prefill, decode = AttentionPhase::Decode;
+  for (int head_dim : {32, 80, 96, 256}) {
+    const AttentionShape s = make_shape(8, 2, head_dim, 16);
+    for (int requested : {kAttentionVersionDefault, 1, 2, 5, 6}) {
+      EXPECT_EQ(attention_version_for(prefill, requested, s), 0) << "head_dim " << head_dim << " v" << requested;
+      EXPECT_EQ(attention_version_for(decode, requested, s), 0) << "head_dim " << head_dim << " v" << requested;
+    }
+  }
+  // Decode blocks hold at most 8 query heads per KV head; prefill tiles take any group.
+  const AttentionShape mqa16 = make_shape(16, 1, 128, 16), mqa8 = make_shape(8, 1, 64, 16);
+  EXPECT_EQ(attention_version_for(decode, kAttentionVersionDefault, mqa16), 0);
+  EXPECT_EQ(attention_version_for(decode, kAttentionVersionDefault, mqa8), kDefaultDecodeVersion);
+  EXPECT_EQ(attention_version_for(prefill, kAttentionVersionDefault, mqa16), kDefaultPrefillVersion);
+  EXPECT_EQ(attention_version_for(prefill, 1, mqa16), 1);
+}
+
+TEST(Ch05_Versions, UnknownVersionsAndHeadDimsAreErrors) {
+  const AttentionShape s = make_shape(8, 2, 128, 16);
+  const int past_end = int(attention_versions().size());
+  EXPECT_NE(test::error_of([&] { attention_version_for(AttentionPhase::Decode, past_end, s); })
+                .find("does not exist"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { attention_version_for(AttentionPhase::Prefill, -2, s); }), "");
+  EXPECT_NE(test::error_of([&] { attention_version_for(AttentionPhase::Prefill, 0, make_shape(2, 1, 512, 16)); })
+                .find("head_dim 512"),
+            std::string::npos);
 }

@@ -155,6 +155,7 @@ int cmd_bench(const Flags& flags) {
   if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
   config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
+  config.attention_version = attention_version_from(flags);
   config.trace = flags.has("trace");
   config.seed = flags.get_uint64("seed", 0);
 
@@ -229,10 +230,8 @@ int cmd_bench_step(const Flags& flags) {
   config.max_model_len = std::max(4096, context);
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
+  config.attention_version = attention_version_from(flags);
   config.validate();
-#ifdef NANOVLLM_CUDA
-  attention_kernel_version = int(flags.get_int("attention-version", attention_kernel_version, 1, 3));
-#endif
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();
   const double copy_gbps = measure_copy_bandwidth();

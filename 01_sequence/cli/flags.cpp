@@ -11,6 +11,8 @@
 #include <cstring>
 #include <iostream>
 
+#include "05_attention/attention.h"
+
 namespace nanovllm {
 
 Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
@@ -102,6 +104,11 @@ uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {
   if (ec != std::errc() || end != text.data() + text.size() || text.empty())
     throw UsageError("--" + name + " expects a non-negative integer, got '" + text + "'");
   return value;
+}
+
+int attention_version_from(const Flags& flags) {
+  return int(flags.get_int("attention-version", kAttentionVersionDefault, kAttentionVersionDefault,
+                           int(attention_versions().size()) - 1));
 }
 
 }  // namespace nanovllm

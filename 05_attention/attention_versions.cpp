@@ -1,0 +1,45 @@
+// attention_versions.cpp: the table of CUDA attention kernel versions and the rule that picks the one
+// that runs. Plain C++ (no CUDA), so that the command line and the CPU-only tests can read it.
+#include "01_sequence/base/common.h"
+#include "05_attention/attention.h"
+
+namespace nanovllm {
+
+const std::vector<AttentionVersion>& attention_versions() {
+  // number, name (the file 05_attention/<name>.cu), prefill, decode, idea
+  static const std::vector<AttentionVersion> table = {
+      {0, "v0_naive", true, true,
+       "one warp per (sequence, query head, query row), one key at a time, online softmax (m_i, l_i, O_i)"},
+      {1, "v1_gqa", true, true,
+       "a thread block per (sequence, KV head): the group's query heads share every K/V load; 16-byte loads"},
+      {2, "v2_split_k", false, true,
+       "decode context cut into partitions of separate blocks, merged by a combine kernel (flash-decoding)"},
+      {3, "v3_staged_table", false, true, "v2 + the block's block-table entries staged in shared memory"},
+      {4, "v4_prefetch", false, true, "v3 + the next keys' K/V loaded into registers before this step computes"},
+      {5, "v5_tensor_core_prefill", true, false,
+       "FlashAttention-2 on tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffer, swizzle"},
+      {6, "v6_pipelined_decode", false, true,
+       "v2 with K/V streamed through shared memory by a 4-stage cp.async pipeline (no registers held)"},
+  };
+  return table;
+}
+
+int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape) {
+  const std::vector<AttentionVersion>& table = attention_versions();
+  if (requested != kAttentionVersionDefault && (requested < 0 || requested >= int(table.size())))
+    fail("attention version ", requested, " does not exist (0 to ", table.size() - 1, ", or ",
+         kAttentionVersionDefault, " for the default)");
+  if (shape.head_dim < 1 || shape.head_dim > 256)
+    fail("head_dim ", shape.head_dim, " is not supported by the CUDA attention kernels (1 to 256)");
+  const bool decode = phase == AttentionPhase::Decode;
+  const int fallback = decode ? kDefaultDecodeVersion : kDefaultPrefillVersion;
+  int version = requested == kAttentionVersionDefault ? fallback : requested;
+  if (!(decode ? table[size_t(version)].decode : table[size_t(version)].prefill)) version = fallback;
+  // v1-v6 are instantiated for head dims 64 and 128; their decode kernels hold the G query heads of a
+  // group as rows of one block, at most 8. Anything else runs on v0, which takes any shape.
+  const int group = shape.num_heads / shape.num_kv_heads;
+  const bool fast_shape = (shape.head_dim == 64 || shape.head_dim == 128) && (!decode || group <= 8);
+  return fast_shape ? version : 0;
+}
+
+}  // namespace nanovllm

@@ -1,0 +1,83 @@
+// kernels.cuh: what attention.cu (the dispatch) and the version files v0_naive.cu .. v6_pipelined_decode.cu
+// share: the one parameter struct every kernel takes, and the launcher each version file defines.
+// Included only by .cu files.
+#pragma once
+
+#include <cstdint>
+
+#include "05_attention/attention.h"
+
+namespace nanovllm {
+
+// Everything a kernel needs, passed by value. Prefill and decode differ in where a sequence's queries and
+// keys come from: prefill has cu_seqlens_q/k, decode has one query per sequence and context_lens (and
+// cu_seqlens_q == nullptr).
+struct AttentionParams {
+  bf16* out;                    // (rows, num_heads * head_dim), row i at out + i * out_stride
+  int64_t out_stride;
+  const bf16* q;                // (rows, num_heads * head_dim), row i at q + i * q_stride
+  int64_t q_stride;
+  const bf16* k_cache;          // (num_blocks, block_size, num_kv_heads, head_dim)
+  const bf16* v_cache;          // (num_blocks, block_size, num_kv_heads, head_dim)
+  const int32_t* block_tables;  // (num_seqs, block_table_width): physical block of each logical block
+  int block_table_width;
+  int num_heads, num_kv_heads, head_dim, block_size;
+  float scale;       // softmax scale, head_dim^-0.5
+  float scale_log2;  // scale * log2(e): scores kept in base 2, so that exp is one exp2 instruction
+  // Prefill (varlen): sequence b has queries cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 and
+  // cu_seqlens_k[b+1] - cu_seqlens_k[b] keys. (num_seqs + 1) each.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  // Decode: sequence b has query row b and context_lens[b] keys. (num_seqs)
+  const int32_t* context_lens;
+  // Split-K decode (v2 and later): each (sequence, query head) gets max_partitions partial results.
+  int partition_size;   // keys per partition
+  int max_partitions;   // partitions launched per sequence: ceil(max_context_len / partition_size)
+  float* part_m;        // (num_seqs, num_heads, max_partitions): running max (base 2)
+  float* part_l;        // (num_seqs, num_heads, max_partitions): sum of exp2(s - m)
+  float* part_O;        // (num_seqs, num_heads, max_partitions, head_dim): unnormalised output
+};
+
+// The launch size the dispatch knows: num_seqs, the most query rows of one sequence (1 in decode) and
+// the most keys (max_context_len in decode, bounding the partitions).
+struct LaunchDims {
+  int num_seqs;
+  int max_seqlen_q;
+  int max_context_len;
+};
+
+// One launcher per version and phase it implements (each in its own file). They check nothing: the
+// dispatch has already picked a version that takes this shape (attention_version_for).
+void launch_v0_naive(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v1_gqa(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v2_split_k(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v3_staged_table(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v4_prefetch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v5_tensor_core_prefill(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+// The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
+void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
+
+// A kernel that needs more than 48 KB of dynamic shared memory must opt in, per device. Done at every
+// launch outside a CUDA-graph capture; inside one it is skipped (the engine runs every batch eagerly
+// before capturing it, so the attribute is already set, and a capture should hold only stream work).
+inline void allow_dynamic_smem(const void* kernel, int bytes, cudaStream_t stream) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing == cudaStreamCaptureStatusNone)
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// Where one sequence's queries and keys are. Query i (0-based, of seqlen_q) is row q_row0 + i of q and
+// out; it sees keys 0 .. seqlen_k - seqlen_q + i (causal, bottom-right aligned).
+struct SeqRange {
+  int q_row0, seqlen_q, seqlen_k;
+};
+
+__device__ inline SeqRange seq_range(const AttentionParams& p, int seq) {
+  if (p.cu_seqlens_q == nullptr) return {seq, 1, p.context_lens[seq]};  // decode: one query
+  const int q_row0 = p.cu_seqlens_q[seq];
+  return {q_row0, p.cu_seqlens_q[seq + 1] - q_row0, p.cu_seqlens_k[seq + 1] - p.cu_seqlens_k[seq]};
+}
+
+}  // namespace nanovllm

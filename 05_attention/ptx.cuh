@@ -1,0 +1,59 @@
+// ptx.cuh: the inline-PTX instructions of v5_tensor_core_prefill.cu and v6_pipelined_decode.cu, one
+// wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync m16n8k16). v5's header comment gives the
+// fragment layouts ldmatrix and mma use.
+#pragma once
+
+#include <cstdint>
+
+#include "01_sequence/base/cuda_utils.h"
+
+namespace nanovllm {
+
+// The shared-memory address (what ldmatrix and cp.async take) of a pointer into shared memory.
+__device__ inline uint32_t smem_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16 bytes from global `src` to shared `dst`, asynchronously (no register holds them). valid = false
+// writes 16 zero bytes and reads nothing (src-size 0); src must still be a valid address.
+__device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Closes the group of cp.async this thread issued since its last commit.
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight. Other threads' copies
+// are visible only after a __syncthreads that follows their own wait.
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8 x 8 bf16 matrices from shared memory: lanes 8i .. 8i + 7 give the addresses of matrix i's 8
+// rows (16 bytes each); register i of lane l receives matrix i's row l / 4, columns 2 (l % 4) + {0, 1}.
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+// The same, transposed: register i of lane l receives matrix i's column l / 4, rows 2 (l % 4) + {0, 1}.
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// d (16 x 8, fp32) += a (16 x 16, bf16, row-major) b (16 x 8, bf16, column-major): one warp, each lane
+// holding the fragments described in v5_tensor_core_prefill.cu.
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two bf16 (round to nearest even), `lo` in the lower 16 bits.
+__device__ inline uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo is the lower half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+}  // namespace nanovllm
