@@ -34,8 +34,9 @@
 // Ranks on ONE GPU. Rank 0's kernel spins until rank 1's kernel runs, so both must run at the same time.
 // CUDA does not promise that kernels of two streams run concurrently, it only allows it; they do when the
 // GPU has room, which is why grids are small: at most kMaxBlocks = 32 blocks of 512 threads per rank,
-// i.e. 128 blocks for 4 ranks against an H200's 132 SMs (each holding two such blocks). The peers'
-// other kernels (GEMMs, attention) still get SMs while a collective spins. What breaks it is anything
+// fewer if the ranks sharing a GPU would not all fit at once (the constructor asks the occupancy
+// calculator); 4 ranks on an H200 take 128 of the 264 such blocks its 132 SMs hold. The peers' other
+// kernels (GEMMs, attention) still get SMs while a collective spins. What breaks it is anything
 // that waits for the whole device while a peer spins (see all_reduce.h). Every spin is bounded: after
 // spin_timeout_s the kernel prints who waited for whom and traps, so a bug fails in seconds instead of
 // hanging the GPU.
@@ -54,7 +55,7 @@ namespace nanovllm {
 namespace {
 
 constexpr int kMaxRanks = CudaCommunicator::kMaxRanks;
-constexpr int kMaxBlocks = 32;  // blocks of one collective, at most: slots per rank and barrier
+constexpr int kMaxBlocks = CudaCommunicator::kMaxBlocks;  // blocks of one collective, at most: 32
 constexpr int kThreads = 512;   // threads per block
 constexpr int kUnroll = 4;      // gather: vectors a thread has in flight
 constexpr int kStart = 0, kEnd = 1;  // the two barriers of a collective, each with its own slots
@@ -95,7 +96,8 @@ __device__ inline uint64_t now_ns() {
   return t;
 }
 
-// A release store of a flag, in the two instructions that PTX defines it as (its "release pattern"):
+// A release store of a flag, written as the two instructions of PTX's "release pattern" (st.release.sys
+// is the same in one instruction; spelled out, the fence shows what the release covers):
 //   fence.acq_rel.sys   every memory access this thread has made or observed is ordered before what
 //                       follows, for observers anywhere in the system (peer GPUs included). "Observed"
 //                       is what makes it cover more than this thread: the accesses of the whole block,
@@ -133,7 +135,7 @@ __device__ __noinline__ void report_timeout(const char* collective, int rank, in
                                             uint32_t seen, uint64_t timeout_ns) {
   printf("CudaCommunicator %s: rank %d, block %d waited %.1f s at the %s barrier of call %u for rank %d "
          "(its flag holds %u): did every rank make the same calls with the same sizes?\n",
-         collective, rank, blockIdx.x, double(timeout_ns) * 1e-9, which == kStart ? "start" : "end", epoch, peer, seen);
+         collective, rank, int(blockIdx.x), double(timeout_ns) * 1e-9, which == kStart ? "start" : "end", epoch, peer, seen);
   __trap();
 }
 
@@ -303,11 +305,13 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, double spin_timeout_s)
-    : devices_(std::move(devices)), max_elems_(max_elems), spin_timeout_ns_(uint64_t(spin_timeout_s * 1e9)) {
+    : devices_(std::move(devices)), max_elems_(max_elems), spin_timeout_ns_(0), max_blocks_(kMaxBlocks) {
   const int world = world_size();
   if (world < 1 || world > kMaxRanks) fail("CudaCommunicator: ", world, " ranks (1 to ", kMaxRanks, " are supported)");
   if (max_elems < 0) fail("CudaCommunicator: max_elems is ", max_elems);
-  if (!(spin_timeout_s > 0)) fail("CudaCommunicator: spin_timeout_s is ", spin_timeout_s, " (it must be positive)");
+  if (!(spin_timeout_s > 0 && spin_timeout_s < 1e6))
+    fail("CudaCommunicator: spin_timeout_s is ", spin_timeout_s, " (a positive number of seconds below 1e6)");
+  spin_timeout_ns_ = uint64_t(spin_timeout_s * 1e9);
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
   for (int r = 0; r < world; r++)
@@ -362,9 +366,21 @@ CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, 
           fail("CudaCommunicator: a kernel runs at most ", attributes.maxThreadsPerBlock, " threads per block on GPU ",
                d, " (", kThreads, " needed)");
       }
+      // Every rank's blocks must fit on the GPU at once, since they wait for each other: with r ranks on
+      // this device, at most (blocks the GPU holds) / r per collective. An H200 holds 132 SMs x 2 blocks
+      // of 512 threads, so 4 ranks keep all 32; a smaller GPU gets fewer blocks, each looping longer.
+      const int ranks_here = int(std::count(devices_.begin(), devices_.end(), d));
+      int sms = 0;
+      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+      for (const void* kernel : {reinterpret_cast<const void*>(all_reduce_kernel), reinterpret_cast<const void*>(gather_kernel)}) {
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+        max_blocks_ = std::min(max_blocks_, per_sm * sms / ranks_here);
+      }
       // The memsets ran on the legacy default stream, which the ranks' non-blocking streams do not wait for.
       CUDA_CHECK(cudaDeviceSynchronize());
     }
+    if (max_blocks_ < 1) fail("CudaCommunicator: ", world, " ranks' collectives do not fit on their GPUs at once");
   } catch (...) {
     release();
     throw;
@@ -416,8 +432,8 @@ void CudaCommunicator::all_reduce(int rank, bf16* const* x, int64_t n, cudaStrea
   a.tmp = tmp_[size_t(rank)];
   a.n = n;
   a.n_vec = aligned ? n / 8 : 0;
-  // From n alone, so that every rank launches the same grid: one thread per 8 elements, up to kMaxBlocks.
-  const int blocks = int(std::clamp<int64_t>(ceil_div<int64_t>(ceil_div<int64_t>(n, 8), kThreads), 1, kMaxBlocks));
+  // From n alone, so that every rank launches the same grid: one thread per 8 elements, up to max_blocks_.
+  const int blocks = int(std::clamp<int64_t>(ceil_div<int64_t>(ceil_div<int64_t>(n, 8), kThreads), 1, max_blocks_));
   DeviceGuard guard(devices_[size_t(rank)]);
   all_reduce_kernel<<<blocks, kThreads, 0, stream>>>(make_flags(flags_, counters_[size_t(rank)], rank, spin_timeout_ns_), a);
   CUDA_CHECK_LAUNCH();
@@ -445,7 +461,7 @@ void CudaCommunicator::gather(int rank, const float* const* shards, int rows, in
   a.segments = ceil_div(shard_cols, kUnroll * kThreads * (a.vec4 ? 4 : 1));
   // From the sizes alone (not from rank 0's alignment), so that every rank launches the same grid.
   const int64_t elems = int64_t(rows) * out_cols;
-  const int blocks = int(std::clamp<int64_t>(ceil_div<int64_t>(elems, kUnroll * kThreads * 4), 1, kMaxBlocks));
+  const int blocks = int(std::clamp<int64_t>(ceil_div<int64_t>(elems, kUnroll * kThreads * 4), 1, max_blocks_));
   DeviceGuard guard(devices_[size_t(rank)]);
   gather_kernel<<<blocks, kThreads, 0, stream>>>(make_flags(flags_, counters_[size_t(rank)], rank, spin_timeout_ns_), a);
   CUDA_CHECK_LAUNCH();

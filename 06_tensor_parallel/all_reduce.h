@@ -55,6 +55,7 @@ namespace nanovllm {
 class CudaCommunicator {
  public:
   static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxBlocks = 32;  // blocks of one collective's grid, at most
 
   // devices[r]: rank r's CUDA device. Enables peer access between every two distinct devices (an Error
   // naming them if they have no peer-to-peer path). max_elems: the largest all_reduce, in elements.
@@ -89,6 +90,7 @@ class CudaCommunicator {
   std::vector<int> devices_;      // (N,) rank r's device
   int64_t max_elems_;
   uint64_t spin_timeout_ns_;
+  int max_blocks_;  // blocks per collective: 32, or fewer where the ranks sharing a GPU would not all fit
   std::vector<uint32_t*> flags_;     // (N,) rank r's flag slots on devices[r], (2, kMaxBlocks, kMaxRanks)
   std::vector<uint32_t*> counters_;  // (N,) rank r's per-block call counters on devices[r], (kMaxBlocks,)
   std::vector<bf16*> tmp_;           // (N,) rank r's (max_elems,) sum before it is copied into x[r]

@@ -19,6 +19,7 @@
 
 #ifdef NANOVLLM_CUDA
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -117,6 +118,8 @@ class Ranks {
 
   // Host -> rank's device and back, on the rank's stream, through its pinned buffer. Pageable copies
   // would stage through the driver's own buffers, which might make one rank's copy wait for another's.
+  // (No cudaMemset in the rank threads either: a memset may be a kernel, and the first launch of a
+  // kernel may wait for the device, where a peer's collective spins.)
   template <class T>
   void put(int rank, T* device_dst, const std::vector<T>& host) {
     std::memcpy(staging_[size_t(rank)], host.data(), host.size() * sizeof(T));
@@ -284,7 +287,7 @@ void check_many_calls(const std::vector<int>& devices) {
       if (c.gather) {
         ranks.put(rank, shards[size_t(rank)], c.logits[size_t(rank)]);
         const size_t out_elems = size_t(c.rows) * c.out_cols;
-        if (rank == 0) CUDA_CHECK(cudaMemsetAsync(out[0], 0xff, out_elems * sizeof(float), stream));  // NaN: unwritten shows
+        if (rank == 0) ranks.put(rank, out[0], std::vector<float>(out_elems, NAN));  // an element not written shows
         comm.gather(rank, shards.data(), c.rows, c.shard_cols, rank == 0 ? out[0] : nullptr, c.out_cols, stream);
         if (rank == 0) gathered[i] = ranks.get(rank, out[0], out_elems);
       } else {
@@ -337,7 +340,7 @@ void check_gather(const std::vector<int>& devices) {
       const Case& c = cases[i];
       ranks.put(rank, shards[size_t(rank)], logits[i][size_t(rank)]);
       const size_t out_elems = size_t(c.rows) * c.out_cols;
-      if (rank == 0) CUDA_CHECK(cudaMemsetAsync(out[0], 0xff, out_elems * sizeof(float), ranks.stream(rank)));
+      if (rank == 0) ranks.put(rank, out[0], std::vector<float>(out_elems, NAN));
       comm.gather(rank, shards.data(), c.rows, c.shard_cols, rank == 0 ? out[0] : nullptr, c.out_cols, ranks.stream(rank));
       if (rank == 0) got[i] = ranks.get(rank, out[0], out_elems);
     }
@@ -383,7 +386,7 @@ void check_graph(const std::vector<int>& devices) {
       ranks.put(rank, bits(x1[size_t(rank)]), steps[k].in1[size_t(rank)]);
       ranks.put(rank, bits(x2[size_t(rank)]), steps[k].in2[size_t(rank)]);
       ranks.put(rank, shards[size_t(rank)], steps[k].logits[size_t(rank)]);
-      if (rank == 0) CUDA_CHECK(cudaMemsetAsync(my_out, 0xff, size_t(rows) * out_cols * sizeof(float), stream));
+      if (rank == 0) ranks.put(rank, my_out, std::vector<float>(size_t(rows) * out_cols, NAN));
       if (graph) {
         CUDA_CHECK(cudaGraphLaunch(graph, stream));
       } else {
