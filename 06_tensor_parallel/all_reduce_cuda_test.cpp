@@ -122,6 +122,7 @@ class Ranks {
   // kernel may wait for the device, where a peer's collective spins.)
   template <class T>
   void put(int rank, T* device_dst, const std::vector<T>& host) {
+    if (host.empty()) return;
     std::memcpy(staging_[size_t(rank)], host.data(), host.size() * sizeof(T));
     CUDA_CHECK(cudaMemcpyAsync(device_dst, staging_[size_t(rank)], host.size() * sizeof(T), cudaMemcpyHostToDevice,
                                stream(rank)));
@@ -129,6 +130,7 @@ class Ranks {
   }
   template <class T>
   std::vector<T> get(int rank, const T* device_src, size_t count) {
+    if (count == 0) return {};
     CUDA_CHECK(cudaMemcpyAsync(staging_[size_t(rank)], device_src, count * sizeof(T), cudaMemcpyDeviceToHost, stream(rank)));
     CUDA_CHECK(cudaStreamSynchronize(stream(rank)));
     std::vector<T> host(count);
