@@ -79,8 +79,8 @@ class CudaCommunicator {
   // shards[r]: rank r's (rows, shard_cols) fp32 on devices[r], for every r. Rank 0's out (rows, out_cols),
   // on devices[0]: the shards side by side, rank r's columns from r * shard_cols, cut at out_cols <=
   // N * shard_cols (gather_cpu). Every rank calls it; only rank 0 writes (out is ignored elsewhere and may
-  // be null). Returns, on every rank, once rank 0 has read everything: a shard may be overwritten by the
-  // next operation on its rank's stream.
+  // be null). On every rank's stream it completes only once rank 0 has read everything, so a shard may be
+  // overwritten by the next operation on its rank's stream.
   void gather(int rank, const float* const* shards, int rows, int shard_cols, float* out, int out_cols,
               cudaStream_t stream) const;
 
