@@ -9,6 +9,7 @@
 
 #ifdef NANOVLLM_CUDA
 #include "04_model_runner/layers.h"
+#include "06_tensor_parallel/all_reduce.h"
 #include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
@@ -127,14 +128,28 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
   }
+  // The collectives read the peers' copies of a tensor directly: every rank's workspace has the same
+  // layout, so a peer's copy is at the same offset in that peer's workspace.
+  std::vector<char*> peer_copies(const Tensor& x) const {
+    const ptrdiff_t offset = static_cast<char*>(x.data) - group_.workspaces.at(size_t(group_.rank));
+    std::vector<char*> copies;
+    for (char* base : group_.workspaces) copies.push_back(base + offset);
+    return copies;
+  }
   void all_reduce(const Tensor& x) override {
-    if (group_.size > 1) fail("tensor parallelism on the GPU needs the CUDA all-reduce (not built in)");
-    (void)x;
+    if (group_.size == 1) return;
+    std::vector<char*> copies = peer_copies(x);
+    group_.cuda->all_reduce(group_.rank, reinterpret_cast<bf16* const*>(copies.data()), x.numel(), stream_);
   }
   void gather(const Tensor& shard, const Tensor& out) override {
-    if (group_.size > 1) fail("tensor parallelism on the GPU needs the CUDA all-reduce (not built in)");
-    CUDA_CHECK(cudaMemcpy2DAsync(out.data, out.row_size() * 4, shard.data, shard.row_size() * 4, out.row_size() * 4,
-                                 size_t(out.rows()), cudaMemcpyDeviceToDevice, stream_));
+    if (group_.size == 1) {
+      CUDA_CHECK(cudaMemcpy2DAsync(out.data, out.row_size() * 4, shard.data, shard.row_size() * 4, out.row_size() * 4,
+                                   size_t(out.rows()), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    std::vector<char*> copies = peer_copies(shard);
+    group_.cuda->gather(group_.rank, reinterpret_cast<const float* const*>(copies.data()), int(shard.rows()),
+                        int(shard.row_size()), f32(out), int(out.row_size()), stream_);
   }
   void bind_to_thread() override { CUDA_CHECK(cudaSetDevice(device_id_)); }
 

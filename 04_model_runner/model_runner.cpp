@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "01_sequence/base/log.h"
+#include "06_tensor_parallel/all_reduce.h"
 
 namespace nanovllm {
 
@@ -51,6 +52,14 @@ ModelRunner::ModelRunner(EngineConfig& config)
     if (device() == Device::CPU) {
       cpu_comm_ = std::make_unique<CpuCommunicator>(tp_size);
       group.cpu = cpu_comm_.get();
+    } else {
+#ifdef NANOVLLM_CUDA
+      std::vector<int> rank_devices;
+      for (auto& r : ranks_) rank_devices.push_back(r->backend->device_id());
+      // The largest tensor all-reduced: the residual stream of a full step, (max_tokens, hidden).
+      cuda_comm_ = std::make_unique<CudaCommunicator>(rank_devices, int64_t(max_tokens_) * mc.hidden_size);
+      group.cuda = cuda_comm_.get();
+#endif
     }
     for (auto& r : ranks_) {
       group.rank = r->rank;

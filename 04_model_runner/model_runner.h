@@ -126,7 +126,8 @@ class ModelRunner {
   bool enforce_eager_;
   Checkpoint checkpoint_;
   std::vector<std::unique_ptr<Rank>> ranks_;
-  std::unique_ptr<CpuCommunicator> cpu_comm_;
+  std::unique_ptr<CpuCommunicator> cpu_comm_;    // the ranks' collectives on the CPU...
+  std::unique_ptr<CudaCommunicator> cuda_comm_;  // ...or on the GPU (06_tensor_parallel)
   std::unique_ptr<RankThreads> threads_;  // one thread per rank; rank 0 is the caller's
   std::vector<int64_t> rank_steps_;
 };

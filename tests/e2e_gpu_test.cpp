@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
@@ -14,6 +15,11 @@
 using namespace nanovllm;
 
 namespace {
+
+// The tensor-parallel test's ranks share one GPU and wait for each other inside spinning kernels: load
+// every kernel when the CUDA context starts, not lazily at first launch (01_sequence/cli/main.cpp says
+// why). This runs before main(), so before the first CUDA call of this test binary.
+const int kEagerKernels = setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
 
 struct Golden {
   std::vector<std::vector<int32_t>> prompts, tokens;
@@ -128,5 +134,34 @@ TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
   for (size_t i = 0; i < graphs.size(); i++) {
     EXPECT_EQ(graphs[i].token_ids, again[i].token_ids) << "case " << i;
     EXPECT_EQ(graphs[i].token_ids, eager[i].token_ids) << "case " << i;
+  }
+}
+
+// Tensor parallelism on the GPU: 2 and 4 ranks sharing one GPU (or one GPU each where there are
+// enough), graphs and eager; logits within the bf16 tolerance of the golden ones, greedy tokens up to
+// the golden margin (the ranks add their partial sums in another order than one rank's GEMM does). The ranks' kernels are loaded up front (main() does it for the command line).
+TEST(E2E_Gpu, TensorParallelRanksMatchTheGoldenLogitsAndOneRanksTokens) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Golden g = load("tiny-qwen3-a");
+  for (int tp : {2, 4}) {
+    for (bool eager : {false, true}) {
+      EngineConfig c = gpu_config("tiny-qwen3-a");
+      c.tensor_parallel_size = tp;
+      c.enforce_eager = eager;
+      const std::string what = "tp " + std::to_string(tp) + (eager ? " eager" : " graphs");
+      LLMEngine engine(c);
+      for (size_t i = 0; i < g.prompts.size(); i += 3) {
+        engine.add_request(g.prompts[i], greedy(1));
+        std::vector<float> logits;
+        while (!engine.is_finished()) engine.step(&logits);
+        double num = 0, den = 0;
+        for (size_t v = 0; v < g.logits[i].size(); v++)
+          num += (logits[v] - g.logits[i][v]) * (logits[v] - g.logits[i][v]), den += g.logits[i][v] * g.logits[i][v];
+        EXPECT_LE(std::sqrt(num / den), 2e-2) << what << " case " << i;
+      }
+      const auto outputs = engine.generate(g.prompts, {greedy(12)});
+      expect_golden_greedy(g, outputs, what);
+      for (int64_t steps : engine.model_runner().rank_steps()) EXPECT_EQ(steps, engine.stats().steps) << what;
+    }
   }
 }

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -93,7 +94,22 @@ void print_usage(FILE* out) {
 
 }  // namespace
 
+// Tensor-parallel ranks that share a GPU wait for each other inside spinning kernels (06_tensor_parallel/
+// all_reduce.h). CUDA's lazy loading of a kernel on its first launch may wait for the whole GPU, the
+// spinning peer included: a deadlock. So with more than one rank every kernel is loaded up front, before
+// the first CUDA call reads this setting.
+static void load_kernels_eagerly_for_tensor_parallelism(int argc, char** argv) {
+  for (int i = 2; i < argc; i++) {
+    const std::string arg = argv[i];
+    std::string value;
+    if (arg == "--tensor-parallel-size" && i + 1 < argc) value = argv[i + 1];
+    if (arg.rfind("--tensor-parallel-size=", 0) == 0) value = arg.substr(23);
+    if (!value.empty() && value != "1") setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  }
+}
+
 int main(int argc, char** argv) {
+  load_kernels_eagerly_for_tensor_parallelism(argc, argv);
   // A closed stdout would make every result vanish (and let the next file opened take descriptor 1):
   // refuse before doing any work.
   if (fcntl(STDOUT_FILENO, F_GETFD) == -1) {
