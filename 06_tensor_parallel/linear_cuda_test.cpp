@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +32,9 @@ void expect_matches_cpu(const Project& project, Shape s, std::mt19937& rng, cons
   DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y(want.size() + size_t(s.out));  // + a guard row
   DeviceArray<float> d_y32(want.size() + size_t(s.out));
   d_y.poison(), d_y32.poison();
+  // The uploads and the poison were queued on the legacy default stream; the projection may run on a
+  // non-blocking stream, which does not wait for it.
+  CUDA_CHECK(cudaDeviceSynchronize());
   project(d_y.ptr, false, d_x.ptr, d_w.ptr, s);
   project(d_y32.ptr, true, d_x.ptr, d_w.ptr, s);
   std::vector<float> got = to_float(d_y.get()), got32 = d_y32.get();
@@ -92,8 +96,9 @@ TEST(Ch06_LinearCuda, GemvMatchesCpuUpTo16Rows) {  // v2
   const Project v2 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
     linear_gemv_cuda(y, fp32, x, W, s.n, s.in, s.out, stream);
   };
-  // Qwen3-0.6B's qkv and down_proj; rows of 96 and 200 (a part of the 32 lanes idle, chunk tails); odd
-  // output counts (a warp's second row past the end); a wide one like the LM head.
+  // Qwen3-0.6B's qkv and down_proj; rows of 96 and 200 bf16 (12 and 25 chunks: lanes idle); 290 outputs
+  // (the last block's last warps have none), 33 and 20,011 (the last warp's second row is past the end);
+  // a wide one like the LM head.
   for (int n : {1, 2, 3, 8, 16})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 3072, 1024}, Shape{n, 96, 290}, Shape{n, 200, 33},
                     Shape{n, 1024, 20011}})
@@ -106,18 +111,27 @@ TEST(Ch06_LinearCuda, CublasLtMatchesCpuAndRepeatsItsChoice) {  // v3
   std::mt19937 rng(11);
   CudaContext ctx;
   CublasLtLinear lt(ctx.stream, ctx.workspace.ptr, ctx.workspace.n);
+  // bf16 output must find an algorithm. For fp32 output (the logits) cuBLASLt may offer none; CudaLinear
+  // then runs v1, and so does this test, saying so.
+  int fp32_fallbacks = 0;
   const Project v3 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
-    ASSERT_TRUE(lt.run(y, fp32, x, W, s.n, s.in, s.out)) << "no cuBLASLt algorithm for " << name(s);
+    if (lt.run(y, fp32, x, W, s.n, s.in, s.out)) return;
+    ASSERT_TRUE(fp32) << "no cuBLASLt algorithm for " << name(s) << " with bf16 output";
+    fp32_fallbacks++;
+    linear_cuda(ctx.cublas, y, fp32, x, W, s.n, s.in, s.out);
   };
   for (int n : {17, 64, 256, 300})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 96, 288}})
       expect_matches_cpu(v3, s, rng, "v3");
+  if (fp32_fallbacks > 0)
+    std::printf("note: cuBLASLt offered no algorithm for fp32 output in %d of 16 shapes (v1 ran)\n", fp32_fallbacks);
 
   // The second run of a shape uses the chosen algorithm: nothing new is chosen, and the bits repeat.
   const size_t chosen = CublasLtLinear::chosen_shapes();
   const Shape s{64, 1024, 4096};
   std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng), w = random_bf16_values(size_t(s.out) * s.in, rng);
   DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w)), d_a(size_t(s.n) * s.out), d_b(size_t(s.n) * s.out);
+  CUDA_CHECK(cudaDeviceSynchronize());
   v3(d_a.ptr, false, d_x.ptr, d_w.ptr, s);
   v3(d_b.ptr, false, d_x.ptr, d_w.ptr, s);
   EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen);
@@ -163,6 +177,7 @@ TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
     xs.push_back(std::make_unique<DeviceArray<bf16>>(to_bf16(x)));
     ys.push_back(std::make_unique<DeviceArray<bf16>>(size_t(n) * out));
   }
+  CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) before ctx.stream (non-blocking) reads them
   linear.run(ys[0]->ptr, false, xs[0]->ptr, d_w.ptr, rows[0], in, out);  // eager: times and chooses
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   const size_t chosen = CublasLtLinear::chosen_shapes();
@@ -175,6 +190,7 @@ TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen) << "nothing may be chosen (timed) during a capture";
   for (auto& y : ys) y->poison();
+  CUDA_CHECK(cudaDeviceSynchronize());  // the poison first
   CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
   for (size_t i = 0; i < rows.size(); i++)
