@@ -41,7 +41,7 @@ ifneq ($(strip $(NVCC)),)
   WITH_CUDA := 1
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
   CPPFLAGS  += -DNANOVLLM_CUDA -isystem $(CUDA_HOME)/include
-  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
   NVCCFLAGS ?= -O3 -lineinfo
   NVCCFLAGS += -std=c++17 -I. -DNANOVLLM_CUDA -MMD -MP -Xcompiler -Wall,-Wextra \
                $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))

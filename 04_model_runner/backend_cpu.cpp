@@ -53,6 +53,13 @@ class CpuBackend final : public Backend {
     store_kvcache_cpu(f32(k_cache), f32(v_cache), k, k + h.kv_dim(), qkv.row_size(), i32(slot_mapping),
                       int(qkv.rows()), h.kv_dim());
   }
+  void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
+                          const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& slot_mapping, const HeadLayout& h, float eps) override {
+    qk_norm_rope_store_cpu(f32(qkv), qkv.row_size(), f32(q_norm), f32(k_norm), i32(positions), f32(cos), f32(sin),
+                           f32(k_cache), f32(v_cache), i32(slot_mapping), int(qkv.rows()), h.num_heads,
+                           h.num_kv_heads, h.head_dim, eps);
+  }
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& m, const AttentionShape& s) override {
     int width = int(m.block_tables.shape[1]);

@@ -1,8 +1,9 @@
 // backend_cuda.cpp: the Backend on a CUDA GPU (what PyTorch does for nano-vllm). Weights, activations
 // and the KV cache are bf16; every operation is one of our kernels (layers.cu, 05_attention, 07_sampler)
-// except the projections, which are cuBLAS GEMMs (06_tensor_parallel). Everything is queued on one
-// stream, so that a decode step can be captured as a CUDA graph and replayed.
+// except the projections of more than 16 rows, which are cuBLASLt or cuBLAS GEMMs (06_tensor_parallel).
+// Everything is queued on one stream, so that a decode step can be captured as a CUDA graph and replayed.
 #include <cassert>
+#include <memory>
 #include <vector>
 
 #include "04_model_runner/backend.h"
@@ -35,12 +36,15 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
     cublasSetStream(cublas_, stream_);
-    // A workspace of our own: cuBLAS must not allocate while a CUDA graph is being captured.
+    // A workspace of our own: cuBLAS must not allocate while a CUDA graph is being captured. 32 MiB, as
+    // the cuBLAS documentation recommends on Hopper; the linear versions share it (one stream).
     cublas_workspace_ = Buffer(Device::CUDA, 32 << 20);
     cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes());
+    linear_ = std::make_unique<CudaLinear>(cublas_, stream_, cublas_workspace_.data(), cublas_workspace_.bytes());
   }
   ~CudaBackend() override {
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
+    linear_.reset();  // before the handle, the workspace and the stream it uses
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
   }
@@ -95,8 +99,8 @@ class CudaBackend final : public Backend {
   void linear(const Tensor& out, const Tensor& x, const Tensor& weight) override {
     assert(x.row_size() == weight.shape[1] && out.row_size() == weight.shape[0]);
     assert(out.dtype == DType::BF16 || out.dtype == DType::F32);
-    linear_cuda(cublas_, out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
-                int(weight.shape[0]));
+    linear_->run(out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
+                 int(weight.shape[0]));
   }
   void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                     const Tensor& cos, const Tensor& sin, const HeadLayout& h, float eps) override {
@@ -108,6 +112,13 @@ class CudaBackend final : public Backend {
     const bf16* k = b16(qkv) + h.q_dim();
     store_kvcache_cuda(b16(k_cache), b16(v_cache), k, k + h.kv_dim(), qkv.row_size(), i32(slot_mapping),
                        int(qkv.rows()), h.kv_dim(), stream_);
+  }
+  void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
+                          const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& slot_mapping, const HeadLayout& h, float eps) override {
+    qk_norm_rope_store_cuda(b16(qkv), qkv.row_size(), b16(q_norm), b16(k_norm), i32(positions), f32(cos), f32(sin),
+                            b16(k_cache), b16(v_cache), i32(slot_mapping), int(qkv.rows()), h.num_heads,
+                            h.num_kv_heads, h.head_dim, eps, stream_);
   }
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& m, const AttentionShape& s) override {
@@ -164,6 +175,7 @@ class CudaBackend final : public Backend {
   int attention_version_;  // 05_attention/attention.h; kAttentionVersionDefault: each phase's fastest kernel
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
+  std::unique_ptr<CudaLinear> linear_;  // the projections: our kernel, cuBLASLt or cuBLAS by batch size
   std::vector<cudaGraphExec_t> graphs_;
 };
 

@@ -73,41 +73,120 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
   }
 }
 
-// One warp per (token, head) of q and k: RMSNorm over head_dim, then rotate-half RoPE. Lane l holds
-// PER_LANE consecutive elements of each half: x1 = x[j], x2 = x[j + D/2], j = l * PER_LANE + e.
+// One head of q or k, held by one warp: lane l holds PER_LANE = HEAD_DIM / 64 consecutive elements of
+// each half, x1[e] = x[j] and x2[e] = x[j + HEAD_DIM/2] with j = l * PER_LANE + e (head_dim 128: 2 each,
+// j in [0, 63]). Every head of every kernel below goes through these three helpers, so that the fused
+// kernel computes exactly the bits of the two it replaces.
+template <int HEAD_DIM>
+__device__ inline void load_head(const bf16* x, float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64], int lane) {
+  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    const int j = lane * PER_LANE + e;
+    x1[e] = __bfloat162float(x[j]);
+    x2[e] = __bfloat162float(x[j + HALF]);
+  }
+}
+
+// RMSNorm over the head (a warp-wide sum of squares), times the weight w (head_dim), then rotate-half
+// RoPE ("neox": x[j] pairs with x[j + HEAD_DIM/2]) by angle[position, j]. The result stays fp32: it is
+// rounded to bf16 once, when stored (no rounding between the norm and the rotation; nano-vllm rounds
+// there, a difference of one bf16 ulp at most).
+template <int HEAD_DIM>
+__device__ inline void norm_rope_head(float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64], const bf16* w,
+                                      const float* cos_row, const float* sin_row, int lane, float eps) {
+  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+  float sum_sq = 0;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) sum_sq += x1[e] * x1[e] + x2[e] * x2[e];
+  const float inv_rms = rsqrtf(warp_sum(sum_sq) / HEAD_DIM + eps);
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    const int j = lane * PER_LANE + e;
+    const float a = x1[e] * inv_rms * __bfloat162float(w[j]);
+    const float b = x2[e] * inv_rms * __bfloat162float(w[j + HALF]);
+    const float c = cos_row[j], s = sin_row[j];
+    x1[e] = a * c - b * s;
+    x2[e] = b * c + a * s;
+  }
+}
+
+template <int HEAD_DIM>
+__device__ inline void store_head(bf16* x, const float (&x1)[HEAD_DIM / 64], const float (&x2)[HEAD_DIM / 64],
+                                  int lane) {
+  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    const int j = lane * PER_LANE + e;
+    x[j] = __float2bfloat16(x1[e]);
+    x[j + HALF] = __float2bfloat16(x2[e]);
+  }
+}
+
+// qkv (n, row_stride) in place: one warp per (token, head) of q and k (n * (num_heads + num_kv_heads)
+// warps): RMSNorm over head_dim, then RoPE. v is untouched.
 template <int HEAD_DIM>
 __global__ void qk_norm_rope_kernel(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                                     const int32_t* positions, const float* cos_table, const float* sin_table,
                                     int num_tokens, int num_heads, int num_kv_heads, float eps) {
-  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+  constexpr int HALF = HEAD_DIM / 2;
   const int warp_global = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int heads = num_heads + num_kv_heads;
   if (warp_global >= num_tokens * heads) return;
   const int token = warp_global / heads, head = warp_global % heads;
   bf16* x = qkv + int64_t(token) * row_stride + int64_t(head) * HEAD_DIM;
-  const bf16* w = head < num_heads ? q_norm : k_norm;
+  float x1[HEAD_DIM / 64], x2[HEAD_DIM / 64];
+  load_head<HEAD_DIM>(x, x1, x2, lane);
+  norm_rope_head<HEAD_DIM>(x1, x2, head < num_heads ? q_norm : k_norm, cos_table + int64_t(positions[token]) * HALF,
+                           sin_table + int64_t(positions[token]) * HALF, lane, eps);
+  store_head<HEAD_DIM>(x, x1, x2, lane);
+}
+
+// qk_norm_rope_kernel, then 05_attention's store_kvcache_kernel, in one pass: one warp per (token, head)
+// over all three parts of a qkv row, n * (num_heads + 2 * num_kv_heads) warps (Qwen3-0.6B: 16 + 8 + 8 = 32
+// per token).
+//   q head: normed and rotated in place (what attention reads).
+//   k head: normed and rotated, written in place (as qk_norm_rope leaves it: this operation equals the two
+//           it replaces on every output; nobody reads it there, and it costs kv_dim * 2 bytes per token) and
+//           to its cache slot.
+//   v head: copied to its cache slot, bit for bit.
+// slot_mapping[token] = -1 (a padding row of a CUDA graph batch) writes no slot.
+//   qkv (n, row_stride) bf16; k_cache, v_cache (num_slots, num_kv_heads * HEAD_DIM) bf16.
+// What the fusion saves: store_kvcache_kernel's launch, and its read of k and v back from qkv.
+template <int HEAD_DIM>
+__global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                                          const int32_t* positions, const float* cos_table, const float* sin_table,
+                                          bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int num_tokens,
+                                          int num_heads, int num_kv_heads, float eps) {
+  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+  const int warp_global = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int heads = num_heads + 2 * num_kv_heads;
+  if (warp_global >= num_tokens * heads) return;
+  const int token = warp_global / heads, head = warp_global % heads;
+  bf16* x = qkv + int64_t(token) * row_stride + int64_t(head) * HEAD_DIM;
+  const int32_t slot = slot_mapping[token];
+  const int64_t kv_dim = int64_t(num_kv_heads) * HEAD_DIM;
+  const int kv_head = head - num_heads;  // k heads: [0, num_kv_heads); v heads: [num_kv_heads, 2 num_kv_heads)
+
+  if (kv_head >= num_kv_heads) {  // a v head: a copy
+    if (slot < 0) return;
+    bf16* dst = v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e++) {
+      const int j = lane * PER_LANE + e;
+      dst[j] = x[j];
+      dst[j + HALF] = x[j + HALF];
+    }
+    return;
+  }
   float x1[PER_LANE], x2[PER_LANE];
-  float sum_sq = 0;
-#pragma unroll
-  for (int e = 0; e < PER_LANE; e++) {
-    int j = lane * PER_LANE + e;
-    x1[e] = __bfloat162float(x[j]);
-    x2[e] = __bfloat162float(x[j + HALF]);
-    sum_sq += x1[e] * x1[e] + x2[e] * x2[e];
-  }
-  const float inv_rms = rsqrtf(warp_sum(sum_sq) / HEAD_DIM + eps);
-  const float* cos_row = cos_table + int64_t(positions[token]) * HALF;
-  const float* sin_row = sin_table + int64_t(positions[token]) * HALF;
-#pragma unroll
-  for (int e = 0; e < PER_LANE; e++) {
-    int j = lane * PER_LANE + e;
-    float a = x1[e] * inv_rms * __bfloat162float(w[j]);
-    float b = x2[e] * inv_rms * __bfloat162float(w[j + HALF]);
-    float c = cos_row[j], s = sin_row[j];
-    x[j] = __float2bfloat16(a * c - b * s);
-    x[j + HALF] = __float2bfloat16(b * c + a * s);
-  }
+  load_head<HEAD_DIM>(x, x1, x2, lane);
+  norm_rope_head<HEAD_DIM>(x1, x2, kv_head < 0 ? q_norm : k_norm, cos_table + int64_t(positions[token]) * HALF,
+                           sin_table + int64_t(positions[token]) * HALF, lane, eps);
+  store_head<HEAD_DIM>(x, x1, x2, lane);
+  if (kv_head >= 0 && slot >= 0) store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
 }
 
 __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int inter) {
@@ -173,6 +252,34 @@ void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const 
     case 256:
       qk_norm_rope_kernel<256><<<blocks, 32 * warps_per_block, 0, stream>>>(
           qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, n, num_heads, num_kv_heads, eps);
+      break;
+    default: fail("head_dim ", head_dim, " is not supported by the CUDA kernels (64, 128, 256)");
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                             const int32_t* positions, const float* cos_table, const float* sin_table,
+                             bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
+                             int num_kv_heads, int head_dim, float eps, cudaStream_t stream) {
+  if (n == 0) return;
+  const int warps = n * (num_heads + 2 * num_kv_heads), warps_per_block = 4;
+  const int blocks = (warps + warps_per_block - 1) / warps_per_block;
+  switch (head_dim) {
+    case 64:
+      qk_norm_rope_store_kernel<64><<<blocks, 32 * warps_per_block, 0, stream>>>(
+          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
+          num_heads, num_kv_heads, eps);
+      break;
+    case 128:
+      qk_norm_rope_store_kernel<128><<<blocks, 32 * warps_per_block, 0, stream>>>(
+          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
+          num_heads, num_kv_heads, eps);
+      break;
+    case 256:
+      qk_norm_rope_store_kernel<256><<<blocks, 32 * warps_per_block, 0, stream>>>(
+          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
+          num_heads, num_kv_heads, eps);
       break;
     default: fail("head_dim ", head_dim, " is not supported by the CUDA kernels (64, 128, 256)");
   }

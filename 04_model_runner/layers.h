@@ -35,6 +35,15 @@ void qk_norm_rope_cpu(float* qkv, int64_t row_stride, const float* q_norm, const
                       const int32_t* positions, const float* cos_table, const float* sin_table, int n,
                       int num_heads, int num_kv_heads, int head_dim, float eps);
 
+// qk_norm_rope_cpu, then store_kvcache_cpu (05_attention): the spec of the fused GPU kernel, which does
+// both in one pass. qkv (n, row_stride): q and k normed and rotated in place, v untouched; then row i's k
+// and v (kv_dim = num_kv_heads * head_dim values each) go to slot slot_mapping[i] of k_cache and v_cache
+// (num_slots, kv_dim), -1 = skip (a padding row).
+void qk_norm_rope_store_cpu(float* qkv, int64_t row_stride, const float* q_norm, const float* k_norm,
+                            const int32_t* positions, const float* cos_table, const float* sin_table,
+                            float* k_cache, float* v_cache, const int32_t* slot_mapping, int n, int num_heads,
+                            int num_kv_heads, int head_dim, float eps);
+
 // SwiGLU: out (n, inter) = silu(gate) * up, where gate_up (n, 2 * inter) is [gate | up] per row.
 void silu_and_mul_cpu(float* out, const float* gate_up, int n, int inter);
 
@@ -60,6 +69,13 @@ void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weig
 void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                        const int32_t* positions, const float* cos_table, const float* sin_table, int n,
                        int num_heads, int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
+// qk_norm_rope_cuda and store_kvcache_cuda in one kernel, with the same arithmetic and rounding as the
+// two (the same bits): q, k and v are read once, and k goes to its cache slot without the round trip
+// through qkv. k_cache, v_cache: (num_slots, num_kv_heads * head_dim) bf16, one layer's cache.
+void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                             const int32_t* positions, const float* cos_table, const float* sin_table,
+                             bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
+                             int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
 void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream);
 void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream);
 

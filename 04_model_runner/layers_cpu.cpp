@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "04_model_runner/layers.h"
+#include "05_attention/attention.h"
 
 namespace nanovllm {
 
@@ -72,6 +73,17 @@ void qk_norm_rope_cpu(float* qkv, int64_t row_stride, const float* q_norm, const
       }
     }
   }
+}
+
+void qk_norm_rope_store_cpu(float* qkv, int64_t row_stride, const float* q_norm, const float* k_norm,
+                            const int32_t* positions, const float* cos_table, const float* sin_table,
+                            float* k_cache, float* v_cache, const int32_t* slot_mapping, int n, int num_heads,
+                            int num_kv_heads, int head_dim, float eps) {
+  qk_norm_rope_cpu(qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, n, num_heads, num_kv_heads,
+                   head_dim, eps);
+  const int kv_dim = num_kv_heads * head_dim;
+  const float* k = qkv + int64_t(num_heads) * head_dim;  // row i's k at k + i * row_stride, its v kv_dim later
+  store_kvcache_cpu(k_cache, v_cache, k, k + kv_dim, row_stride, slot_mapping, n, kv_dim);
 }
 
 void silu_and_mul_cpu(float* out, const float* gate_up, int n, int inter) {

@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
 #include "04_model_runner/layers.h"
+#include "05_attention/attention.h"
 #include "tests/cuda_test_util.h"
 
 using namespace nanovllm;
@@ -77,6 +82,96 @@ TEST(Ch04_LayersCuda, QkNormRope) {
     for (int i = 0; i < n; i++)
       for (int k = (c.heads + c.kv_heads) * c.head_dim; k < stride; k++)
         ASSERT_EQ(got[size_t(i) * stride + k], qkv[size_t(i) * stride + k]);
+  }
+}
+
+namespace {
+
+// The raw 16 bits of each bf16, for exact comparisons (a NaN never equals itself as a float).
+std::vector<uint16_t> bits(const std::vector<bf16>& v) {
+  std::vector<uint16_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(uint16_t));
+  return out;
+}
+
+}  // namespace
+
+// The fused qk-norm + RoPE + KV write against its spec, the CPU composition qk_norm_rope_cpu then
+// store_kvcache_cpu (qk_norm_rope_store_cpu), and bit for bit against the two CUDA kernels it replaces.
+// Ragged token counts, GQA, head_dim 64 and 128, padding rows (slot -1). Both caches are poisoned first:
+// a slot that no token maps to must still hold the poison afterwards.
+TEST(Ch04_LayersCuda, QkNormRopeStoreFused) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  struct Case { int heads, kv_heads, head_dim; };
+  for (Case c : {Case{4, 2, 128}, Case{6, 2, 64}, Case{16, 8, 128}, Case{8, 1, 64}}) {
+    for (int n : {1, 3, 45, 130}) {
+      const int kv_dim = c.kv_heads * c.head_dim, q_dim = c.heads * c.head_dim, stride = q_dim + 2 * kv_dim;
+      const int max_pos = 3000, num_slots = 4 * n + 16;
+      const std::string what = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads of " +
+                               std::to_string(c.head_dim) + ", n " + std::to_string(n);
+      std::vector<float> qkv = random_bf16_values(size_t(n) * stride, rng, 2.0f);
+      std::vector<float> qn = random_bf16_values(size_t(c.head_dim), rng), kn = random_bf16_values(size_t(c.head_dim), rng);
+      std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(num_slots));
+      for (int& p : pos) p = int(rng() % max_pos);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), rng);  // scattered slots, each used once
+      slots.resize(size_t(n));
+      for (int i = 2; i < n; i += 4) slots[size_t(i)] = -1;  // padding rows
+      std::vector<float> cos, sin;
+      build_rope_table(cos, sin, max_pos, c.head_dim, 1e6);
+
+      // The spec, on the CPU.
+      std::vector<float> want = qkv, k_want(size_t(num_slots) * kv_dim, NAN), v_want(k_want.size(), NAN);
+      qk_norm_rope_store_cpu(want.data(), stride, qn.data(), kn.data(), pos.data(), cos.data(), sin.data(),
+                             k_want.data(), v_want.data(), slots.data(), n, c.heads, c.kv_heads, c.head_dim, 1e-6f);
+
+      // The fused kernel, and the two kernels it replaces.
+      DeviceArray<bf16> d_qkv(to_bf16(qkv)), d_qn(to_bf16(qn)), d_kn(to_bf16(kn)), d_k(k_want.size()), d_v(k_want.size());
+      DeviceArray<bf16> u_qkv(to_bf16(qkv)), u_k(k_want.size()), u_v(k_want.size());
+      DeviceArray<int32_t> d_pos(pos), d_slots(slots);
+      DeviceArray<float> d_cos(cos), d_sin(sin);
+      d_k.poison(), d_v.poison(), u_k.poison(), u_v.poison();
+      qk_norm_rope_store_cuda(d_qkv.ptr, stride, d_qn.ptr, d_kn.ptr, d_pos.ptr, d_cos.ptr, d_sin.ptr, d_k.ptr, d_v.ptr,
+                              d_slots.ptr, n, c.heads, c.kv_heads, c.head_dim, 1e-6f, 0);
+      qk_norm_rope_cuda(u_qkv.ptr, stride, d_qn.ptr, d_kn.ptr, d_pos.ptr, d_cos.ptr, d_sin.ptr, n, c.heads, c.kv_heads,
+                        c.head_dim, 1e-6f, 0);
+      store_kvcache_cuda(u_k.ptr, u_v.ptr, u_qkv.ptr + q_dim, u_qkv.ptr + q_dim + kv_dim, stride, d_slots.ptr, n, kv_dim, 0);
+
+      // qkv: q and k normed and rotated in place, v exactly the input.
+      const std::vector<float> got = to_float(d_qkv.get());
+      EXPECT_LE(rel_error(got, want), 1e-2) << what;
+      for (int i = 0; i < n; i++)
+        for (int k = q_dim + kv_dim; k < stride; k++)
+          ASSERT_EQ(got[size_t(i) * stride + k], qkv[size_t(i) * stride + k]) << what << ": v of token " << i;
+
+      // The caches: each token's slot holds its k (within bf16 rounding) and v (a copy: exact); every
+      // other slot, padding rows' included, still holds the poison (0xffff).
+      const std::vector<uint16_t> k_bits = bits(d_k.get()), v_bits = bits(d_v.get());
+      std::vector<bool> written(size_t(num_slots), false);
+      for (int32_t s : slots)
+        if (s >= 0) written[size_t(s)] = true;
+      std::vector<float> k_got, k_ref, v_got, v_ref;
+      for (int s = 0; s < num_slots; s++)
+        for (int d = 0; d < kv_dim; d++) {
+          const size_t e = size_t(s) * kv_dim + d;
+          if (!written[size_t(s)]) {
+            ASSERT_EQ(k_bits[e], 0xffff) << what << ": k slot " << s << " was written";
+            ASSERT_EQ(v_bits[e], 0xffff) << what << ": v slot " << s << " was written";
+            continue;
+          }
+          k_got.push_back(bf16_to_float(k_bits[e])), k_ref.push_back(k_want[e]);
+          v_got.push_back(bf16_to_float(v_bits[e])), v_ref.push_back(v_want[e]);
+        }
+      EXPECT_LE(rel_error(k_got, k_ref), 1e-2) << what;
+      EXPECT_EQ(v_got, v_ref) << what;
+
+      // The same bits as qk_norm_rope_cuda then store_kvcache_cuda (the helpers are shared; a difference
+      // here means the compiler contracted the rotation differently in the two kernels).
+      EXPECT_EQ(bits(d_qkv.get()), bits(u_qkv.get())) << what;
+      EXPECT_EQ(k_bits, bits(u_k.get())) << what;
+      EXPECT_EQ(v_bits, bits(u_v.get())) << what;
+    }
   }
 }
 

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 using namespace nanovllm;
 
@@ -54,6 +56,32 @@ TEST(Ch04_Layers, QkNormRopeRotatesHalvesNotPairs) {
   EXPECT_NEAR(qkv[D + 1], 2 * std::cos(0.3), 1e-5);
   EXPECT_NEAR(qkv[D + 3], 2 * std::sin(0.3), 1e-5);
   for (int i = 0; i < D; i++) EXPECT_EQ(qkv[2 * D + i], 7);  // v untouched
+}
+
+TEST(Ch04_Layers, QkNormRopeStoreWritesEachTokensSlotAndSkipsPadding) {
+  // Two tokens, one q, k and v head of dim 4; token 0 goes to slot 2, token 1 is padding (-1). q and k
+  // come out as qk_norm_rope leaves them, and slot 2 holds token 0's k (normed and rotated) and v (as is).
+  const int D = 4, stride = 3 * D, slots = 4;
+  std::vector<float> cos, sin;
+  build_rope_table(cos, sin, 8, D, 100.0);
+  const float ones[D] = {1, 1, 1, 1};
+  const int32_t positions[2] = {3, 5}, slot_mapping[2] = {2, -1};
+  float qkv[2 * stride] = {1, 0, 0, 0, /*k*/ 0, 2, 0, 0, /*v*/ 7, 8, 9, 10,
+                           0, 0, 3, 0, /*k*/ 1, 1, 1, 1, /*v*/ 4, 4, 4, 4};
+  float want[2 * stride];
+  std::copy(qkv, qkv + 2 * stride, want);
+  qk_norm_rope_cpu(want, stride, ones, ones, positions, cos.data(), sin.data(), 2, 1, 1, D, 0.0f);
+  std::vector<float> k_cache(slots * D, -1.0f), v_cache(slots * D, -1.0f);
+  qk_norm_rope_store_cpu(qkv, stride, ones, ones, positions, cos.data(), sin.data(), k_cache.data(), v_cache.data(),
+                         slot_mapping, 2, 1, 1, D, 0.0f);
+  for (int i = 0; i < 2 * stride; i++) EXPECT_EQ(qkv[i], want[i]) << i;
+  for (int s = 0; s < slots; s++)
+    for (int d = 0; d < D; d++) {
+      EXPECT_EQ(k_cache[s * D + d], s == 2 ? want[D + d] : -1.0f) << "k slot " << s;
+      EXPECT_EQ(v_cache[s * D + d], s == 2 ? want[2 * D + d] : -1.0f) << "v slot " << s;
+    }
+  EXPECT_NEAR(k_cache[2 * D + 1], 2 * std::cos(0.3), 1e-5);  // k (0,2,0,0) rotated as in the test above
+  EXPECT_EQ(v_cache[2 * D + 3], 10);
 }
 
 TEST(Ch04_Layers, SiluAndMulKnownAnswer) {

@@ -91,6 +91,14 @@ void ProfiledBackend::store_kvcache(const Tensor& k_cache, const Tensor& v_cache
                                     const Tensor& slot_mapping, const HeadLayout& heads) {
   timed("store_kvcache", [&] { inner_->store_kvcache(k_cache, v_cache, qkv, slot_mapping, heads); });
 }
+void ProfiledBackend::qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                         const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                                         const Tensor& k_cache, const Tensor& v_cache, const Tensor& slot_mapping,
+                                         const HeadLayout& heads, float eps) {
+  timed("qk_norm_rope_store", [&] {
+    inner_->qk_norm_rope_store(qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, slot_mapping, heads, eps);
+  });
+}
 void ProfiledBackend::attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                                 const AttentionMetadata& meta, const AttentionShape& shape) {
   timed(meta.is_prefill ? "attention prefill" : "attention decode",

@@ -60,6 +60,9 @@ class ProfiledBackend final : public Backend {
                     const Tensor& cos, const Tensor& sin, const HeadLayout& heads, float eps) override;
   void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
                      const HeadLayout& heads) override;
+  void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
+                          const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& slot_mapping, const HeadLayout& heads, float eps) override;
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& meta, const AttentionShape& shape) override;
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;

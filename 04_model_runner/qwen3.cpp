@@ -195,8 +195,10 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
       b.add_rmsnorm(normed, residual, hidden, w.input_layernorm, eps);
     }
     b.linear(qkv, normed, w.qkv_proj);
-    b.qk_norm_rope(qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin, heads_, eps);
-    b.store_kvcache(k_caches[l], v_caches[l], qkv, in.attention.slot_mapping, heads_);
+    // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
+    // one operation: store before attend, so that attention reads this step's keys from the cache too.
+    b.qk_norm_rope_store(qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin, k_caches[l], v_caches[l],
+                         in.attention.slot_mapping, heads_, eps);
     b.attention(attn_out, qkv, k_caches[l], v_caches[l], in.attention, shape);
     b.linear(hidden, attn_out, w.o_proj);
     b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)

@@ -105,17 +105,99 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 
 }  // namespace nanovllm
 
-// CUDA (linear_cuda.cpp): the one library call of the engine. cuBLAS multiplies bf16 matrices with fp32
-// accumulation on the tensor cores; y is bf16 (activations) or fp32 (logits).
+// ---------------------------------------------------------------------------------------------------
+// CUDA: y (n, out) = x (n, in) @ W (out, in)^T with x and W bf16 (rows contiguous), fp32 accumulation,
+// y bf16 (activations) or fp32 (logits). Three versions, each tested against linear_cpu (prediction and
+// measurement in 04_model_runner/NOTES.md):
+//   v1  linear_cuda        one cublasGemmEx call, cuBLAS's default algorithm    (linear_cuda.cpp)
+//   v2  linear_gemv_cuda   our kernel for n <= 16: the weights streamed once     (linear_gemv.cu)
+//   v3  CublasLtLinear     cuBLASLt, the fastest of its candidates, timed per shape (linear_cublaslt.cpp)
+// CudaLinear, what the CUDA backend calls, picks one by n and linear_kernel_version.
 #ifdef NANOVLLM_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
+
+#include <cstddef>
 
 #include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 
+// v1: on the handle's stream, with the handle's workspace. cuBLAS is column-major: see linear_cuda.cpp.
 void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
                  int in_features, int out_features);
+
+// v2: for 1 <= n <= kGemvMaxRows (decode's small batches). One warp per two weight rows computes them for
+// all n rows of x with 16-byte loads and a warp-shuffle sum. Needs in_features % 8 == 0 and 16-byte
+// aligned x and W: linear_gemv_fits says whether a call qualifies (linear_gemv_cuda fails otherwise).
+constexpr int kGemvMaxRows = 16;
+bool linear_gemv_fits(const bf16* x, const bf16* W, int n, int in_features);
+void linear_gemv_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                      int out_features, cudaStream_t stream);
+
+// v3: cuBLASLt with an algorithm chosen per shape by timing (nano-vllm leaves the choice to PyTorch, that
+// is to cuBLAS's heuristic). A shape is (device, n rounded up to a multiple of 16, in, out, output dtype,
+// pointer alignment): the batch sizes of one bucket share a choice, so eager decode does not time every n.
+//
+// The first run() of a shape outside stream capture asks cublasLtMatmulAlgoGetHeuristic for up to
+// kCandidates algorithms, runs each once, then kTimedRuns times between CUDA events with L2 flushed before
+// each run (a decode step streams its weights from memory, not from L2), and keeps the fastest. Every
+// later run uses it, inside a capture or not. During a capture nothing is timed or allocated: a shape
+// never seen before returns false and the caller runs v1, which is why the model runner runs every decode
+// shape once before capturing (ModelRunner::capture_cuda_graphs).
+//
+// The choices live in one table for the whole process, behind a mutex: two engines in one process run
+// the same algorithm and compute the same bits. Two processes may choose differently when two algorithms
+// time alike (the last bits of the logits then differ).
+class CublasLtLinear {
+ public:
+  static constexpr int kCandidates = 8;
+  static constexpr int kTimedRuns = 3;
+
+  // workspace (workspace_bytes, the backend's 32 MiB): device memory the algorithms may use, which only
+  // work queued on `stream` touches.
+  CublasLtLinear(cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  ~CublasLtLinear();
+  CublasLtLinear(const CublasLtLinear&) = delete;
+  CublasLtLinear& operator=(const CublasLtLinear&) = delete;
+
+  // y = x W^T as linear_cuda, queued on the stream. Returns false, having queued nothing, when cuBLASLt
+  // has no algorithm for this shape, or the shape is new and the stream is capturing.
+  bool run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
+
+  // How many shapes have an algorithm chosen, in this process (tests).
+  static size_t chosen_shapes();
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  cudaStream_t stream_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;  // for timing the candidates
+};
+
+// Which versions CudaLinear may use (NANOVLLM_LINEAR_VERSION, default 3), cumulative as 05_attention's
+// kernel versions: 1 = v1 only; 2 = v2 for n <= kGemvMaxRows, v1 above; 3 = 2, and v3 for
+// kGemvMaxRows < n <= kTunedMaxRows. Tests run each.
+extern int linear_kernel_version;
+
+// The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
+// cuBLAS's default does well, and prompts would bring too many distinct shapes to time each one.
+constexpr int kTunedMaxRows = 512;
+
+// The projection of the CUDA backend: v2, v3 or v1 by n and linear_kernel_version. `cublas` must be bound
+// to `stream` and to the same workspace (cublasSetStream, cublasSetWorkspace): the versions share it,
+// one after another on the one stream.
+class CudaLinear {
+ public:
+  CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
+
+ private:
+  cublasHandle_t cublas_;
+  cudaStream_t stream_;
+  CublasLtLinear lt_;
+};
 
 }  // namespace nanovllm
 #endif

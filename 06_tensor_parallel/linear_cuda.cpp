@@ -1,10 +1,13 @@
-// linear_cuda.cpp: y (n, out) = x (n, in) @ W (out, in)^T through cuBLAS.
+// linear_cuda.cpp: v1 of the projection, y (n, out) = x (n, in) @ W (out, in)^T in one cuBLAS call, and
+// CudaLinear, which picks the version for each call (v2: linear_gemv.cu; v3: linear_cublaslt.cpp).
 //
 // cuBLAS is column-major. A row-major (rows, cols) matrix is the column-major (cols, rows) matrix with
 // the same memory, so the row-major product y = x W^T is the column-major y^T = W x^T: with A = W
 // (column-major (in, out), used transposed) and B = x (column-major (in, n), used as is),
 // C = y (column-major (out, n)). No copy, no transpose kernel.
 #ifdef NANOVLLM_CUDA
+#include <cstdlib>
+
 #include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
@@ -20,6 +23,25 @@ void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, 
   if (status != CUBLAS_STATUS_SUCCESS)
     fail("cuBLAS GEMM failed (", cublasGetStatusString(status), ") for (", n, " x ", in_features, ") @ (",
          out_features, " x ", in_features, ")^T");
+}
+
+int linear_kernel_version = std::getenv("NANOVLLM_LINEAR_VERSION") ? std::atoi(std::getenv("NANOVLLM_LINEAR_VERSION")) : 3;
+
+CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes)
+    : cublas_(cublas), stream_(stream), lt_(stream, workspace, workspace_bytes) {}
+
+void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
+  if (linear_kernel_version < 1 || linear_kernel_version > 3)
+    fail("linear kernel version ", linear_kernel_version, " does not exist (1, 2, 3; NANOVLLM_LINEAR_VERSION)");
+  if (n == 0) return;
+  if (linear_kernel_version >= 2 && linear_gemv_fits(x, W, n, in_features)) {
+    linear_gemv_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
+    return;
+  }
+  if (linear_kernel_version >= 3 && n <= kTunedMaxRows &&
+      lt_.run(y, y_is_fp32, x, W, n, in_features, out_features))
+    return;
+  linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
 }
 
 }  // namespace nanovllm

@@ -1,0 +1,186 @@
+// linear_cublaslt.cpp: v3 of the projection, CublasLtLinear: cuBLASLt with the fastest of its candidate
+// algorithms for each shape, timed once (the contract is in linear.h).
+//
+// Why: at decode batch sizes (M = 32 ... 256) cublasGemmEx's default picks big output tiles, and a
+// (256 x 1024) output cut into 128 x 128 tiles is 16 blocks for 132 SMs: o_proj and down_proj ran at
+// 14-18% of copy bandwidth (05_attention/NOTES.md). cuBLASLt's heuristic offers other tilings and
+// split-K configurations; which one wins is an empirical question, so we time them on the real shape.
+//
+// The product is the same column-major reading as linear_cuda.cpp: D (out, n) = W^T (out, in) x (in, n),
+// where W is the column-major (in, out) matrix in W's memory, used transposed.
+#ifdef NANOVLLM_CUDA
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "06_tensor_parallel/linear.h"
+
+namespace nanovllm {
+
+namespace {
+
+void check_lt(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS) fail("cuBLASLt ", call, " failed: ", cublasGetStatusString(status));
+}
+
+// The descriptors of one product, initialised in place: no allocation, so they can be built inside a
+// stream capture.
+struct Problem {
+  cublasLtMatmulDescOpaque_t op;
+  cublasLtMatrixLayoutOpaque_t w, x, y;  // W: column-major (in, out); x: (in, n); y: (out, n)
+
+  Problem(bool y_is_fp32, int n, int in, int out) {
+    check_lt(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescInit");
+    const cublasOperation_t transpose = CUBLAS_OP_T;
+    check_lt(cublasLtMatmulDescSetAttribute(&op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)),
+             "cublasLtMatmulDescSetAttribute");
+    check_lt(cublasLtMatrixLayoutInit(&w, CUDA_R_16BF, uint64_t(in), uint64_t(out), int64_t(in)), "cublasLtMatrixLayoutInit");
+    check_lt(cublasLtMatrixLayoutInit(&x, CUDA_R_16BF, uint64_t(in), uint64_t(n), int64_t(in)), "cublasLtMatrixLayoutInit");
+    check_lt(cublasLtMatrixLayoutInit(&y, y_is_fp32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(out), uint64_t(n), int64_t(out)),
+             "cublasLtMatrixLayoutInit");
+  }
+};
+
+// A shape whose algorithm is chosen once. rows is n rounded up to a multiple of 16 (the CUDA graph batch
+// sizes above 16 are multiples of 16); alignment is the largest power of two, up to 256, that divides
+// the addresses of x, W and y (an algorithm may need aligned buffers).
+struct ShapeKey {
+  int device, rows, in, out;
+  bool y_is_fp32;
+  int alignment;
+  bool operator<(const ShapeKey& o) const {
+    return std::tie(device, rows, in, out, y_is_fp32, alignment) <
+           std::tie(o.device, o.rows, o.in, o.out, o.y_is_fp32, o.alignment);
+  }
+};
+
+struct Choice {
+  bool found = false;  // false: cuBLASLt offers no algorithm for this shape (v1 runs instead)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The process-wide table of choices (see linear.h: why one table).
+struct ChoiceTable {
+  std::mutex mutex;
+  std::map<ShapeKey, Choice> choices;
+};
+ChoiceTable& choice_table() {
+  static ChoiceTable table;
+  return table;
+}
+
+int alignment_of(const void* p) {
+  int a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % uintptr_t(a) != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+CublasLtLinear::CublasLtLinear(cudaStream_t stream, void* workspace, size_t workspace_bytes)
+    : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+  CUDA_CHECK(cudaEventCreate(&start_));
+  CUDA_CHECK(cudaEventCreate(&stop_));
+}
+
+CublasLtLinear::~CublasLtLinear() {
+  cudaEventDestroy(start_);
+  cudaEventDestroy(stop_);
+  cublasLtDestroy(handle_);
+}
+
+size_t CublasLtLinear::chosen_shapes() {
+  ChoiceTable& table = choice_table();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return table.choices.size();
+}
+
+bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                         int out_features) {
+  if (n == 0 || out_features == 0) return true;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  const int alignment = std::min(alignment_of(x), std::min(alignment_of(W), alignment_of(y)));
+  const ShapeKey key{device, (n + 15) / 16 * 16, in_features, out_features, y_is_fp32, alignment};
+  Problem p(y_is_fp32, n, in_features, out_features);
+  const float alpha = 1.0f, beta = 0.0f;
+  // y = 1 * W^T x + 0 * y (beta 0: y is not read).
+  auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, &p.op, &alpha, W, &p.w, x, &p.x, &beta, y, &p.y, y, &p.y, &algo, workspace_,
+                          workspace_bytes_, stream_);
+  };
+
+  Choice choice;
+  bool known = false;
+  {
+    ChoiceTable& table = choice_table();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    auto it = table.choices.find(key);
+    if (it != table.choices.end()) choice = it->second, known = true;
+  }
+  if (!known) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return false;  // no timing (it synchronises) inside a capture
+
+    // Candidates: what the heuristic offers within our workspace and alignment.
+    cublasLtMatmulPreferenceOpaque_t preference;
+    check_lt(cublasLtMatmulPreferenceInit(&preference), "cublasLtMatmulPreferenceInit");
+    const uint64_t max_workspace = workspace_bytes_;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(&preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace,
+                                                  sizeof(max_workspace)),
+             "cublasLtMatmulPreferenceSetAttribute");
+    const uint32_t align = uint32_t(alignment);
+    for (cublasLtMatmulPreferenceAttributes_t attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      check_lt(cublasLtMatmulPreferenceSetAttribute(&preference, attribute, &align, sizeof(align)),
+               "cublasLtMatmulPreferenceSetAttribute");
+    cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(handle_, &p.op, &p.w, &p.x, &p.y, &p.y, &preference, kCandidates, candidates,
+                                       &found) != CUBLAS_STATUS_SUCCESS)
+      found = 0;
+
+    // L2 (50 MB on an H200) would hold these weights between runs; a decode step reads them from memory.
+    // Overwriting a buffer of L2's size before each run evicts them. Without the memory for it, time warm.
+    int l2_bytes = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    void* flush = nullptr;
+    if (found > 0 && cudaMalloc(&flush, size_t(l2_bytes)) != cudaSuccess) {
+      (void)cudaGetLastError();  // not an error of ours: clear it
+      flush = nullptr;
+    }
+    float best_ms = FLT_MAX;
+    for (int i = 0; i < found; i++) {
+      if (candidates[i].state != CUBLAS_STATUS_SUCCESS || matmul(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+      float total_ms = 0;  // the first run above was the warm-up
+      for (int r = 0; r < kTimedRuns; r++) {
+        if (flush) CUDA_CHECK(cudaMemsetAsync(flush, r, size_t(l2_bytes), stream_));
+        CUDA_CHECK(cudaEventRecord(start_, stream_));
+        check_lt(matmul(candidates[i].algo), "cublasLtMatmul");
+        CUDA_CHECK(cudaEventRecord(stop_, stream_));
+        CUDA_CHECK(cudaEventSynchronize(stop_));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+        total_ms += ms;
+      }
+      if (total_ms < best_ms) best_ms = total_ms, choice.found = true, choice.algo = candidates[i].algo;
+    }
+    if (flush) CUDA_CHECK(cudaFree(flush));
+    ChoiceTable& table = choice_table();
+    std::lock_guard<std::mutex> lock(table.mutex);
+    table.choices.emplace(key, choice);  // another thread may have chosen first: theirs stays
+    choice = table.choices.at(key);
+  }
+  // The algorithm was chosen for one n of the bucket; should cuBLASLt refuse it for this n (a workspace
+  // that grows with n, say), nothing was queued and v1 runs instead.
+  return choice.found && matmul(choice.algo) == CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace nanovllm
+#endif
