@@ -89,6 +89,8 @@ TEST(Ch07_SamplerCuda, NonFiniteLogitsGiveNoToken) {
   d_tokens.poison();
   sample_cuda(d_tokens.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0);
   EXPECT_EQ(d_tokens.get(), want);
+}
+
 namespace {
 
 // tokens (rows.size(),) from sample_cuda (both kernels) on logits (rows.size(), vocab).
