@@ -38,7 +38,8 @@ inline std::vector<float> quantised_logits(size_t n, Rng& rng, float scale = 2.0
   return v;
 }
 
-// The settings grid, one row each: greedy (also with top-k/top-p, which it ignores); temperature only
+// The settings grid, one row each: greedy (also with top-k/top-p, which it ignores, and at a temperature
+// below 1e-5, which samples greedily); temperature only
 // (also top_k = vocab, which is off); top-k only, k in {1, 2, 50, vocab - 1}; top-p only, p in {0.01,
 // 0.5, 0.9, 0.999}; both. Seeds and steps differ from row to row.
 inline std::vector<SamplingRow> settings_grid(int vocab, Rng& rng) {
@@ -48,6 +49,7 @@ inline std::vector<SamplingRow> settings_grid(int vocab, Rng& rng) {
   };
   add(0.0f, 0, 1.0f);
   add(0.0f, 50, 0.9f);
+  add(1e-10f, 50, 0.9f);  // below 1e-5: greedy too (samples_greedily)
   add(0.7f, 0, 1.0f);
   add(1.3f, vocab, 1.0f);
   for (float temperature : {0.6f, 1.0f}) {

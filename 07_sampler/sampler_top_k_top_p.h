@@ -127,11 +127,12 @@ struct KeptSet {
   uint32_t ties;
 };
 
-// The rows that sample_top_k_top_p_kernel samples: temperature > 0 with top-k (0 < top_k < vocab) or
-// top-p (< 1). These are sample_row_cpu's `filtered` rows less the greedy ones: temperature 0 is the
-// argmax whatever top-k and top-p say, and that token is always kept by them.
+// The rows that sample_top_k_top_p_kernel samples: sampled (not samples_greedily: temperature >= 1e-5)
+// with top-k (0 < top_k < vocab) or top-p (< 1). These are sample_row_cpu's `filtered` rows less the
+// greedy ones: a greedy row is the argmax whatever top-k and top-p say, and that token is always kept
+// by them.
 SAMPLER_HD inline bool is_top_k_top_p_row(const SamplingRow& row, int vocab_size) {
-  return row.temperature != 0 && ((row.top_k > 0 && row.top_k < vocab_size) || row.top_p < 1.0f);
+  return !samples_greedily(row.temperature) && ((row.top_k > 0 && row.top_k < vocab_size) || row.top_p < 1.0f);
 }
 
 // The kept set of one row of finite logits (vocab_size,), found as sample_top_k_top_p_kernel finds it

@@ -116,6 +116,8 @@ TEST(Ch07_TopKTopPPieces, SelectDigitKnownAnswers) {
 
 TEST(Ch07_TopKTopPPieces, WhichRowsTheKernelSamples) {
   EXPECT_FALSE(is_top_k_top_p_row({0.0f, 5, 0.5f, 0, 0}, 100));   // greedy ignores top-k and top-p
+  EXPECT_FALSE(is_top_k_top_p_row({1e-6f, 5, 0.5f, 0, 0}, 100));  // so do temperatures below 1e-5
+  EXPECT_TRUE(is_top_k_top_p_row({1e-5f, 5, 0.5f, 0, 0}, 100));
   EXPECT_FALSE(is_top_k_top_p_row({1.0f, 0, 1.0f, 0, 0}, 100));   // temperature only
   EXPECT_FALSE(is_top_k_top_p_row({1.0f, 100, 1.0f, 0, 0}, 100)); // top_k >= vocab is off
   EXPECT_FALSE(is_top_k_top_p_row({1.0f, 500, 1.0f, 0, 0}, 100));
