@@ -174,6 +174,8 @@ class CublasLtLinear {
   void* workspace_;
   size_t workspace_bytes_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;  // for timing the candidates
+  void* flush_ = nullptr;                          // (flush_bytes_,) written before each timed run: evicts L2
+  size_t flush_bytes_ = 0;
 };
 
 // Which versions CudaLinear may use (NANOVLLM_LINEAR_VERSION, default 3), cumulative as 05_attention's

@@ -85,9 +85,22 @@ CublasLtLinear::CublasLtLinear(cudaStream_t stream, void* workspace, size_t work
   check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
   CUDA_CHECK(cudaEventCreate(&start_));
   CUDA_CHECK(cudaEventCreate(&stop_));
+  // The buffer that evicts L2 between timed runs, allocated once here: a cudaMalloc or cudaFree later,
+  // in the middle of a run, may wait for the whole GPU, and with tensor-parallel ranks sharing it, for a
+  // peer spinning in a collective that waits for this rank (06_tensor_parallel/all_reduce.h).
+  int device = 0, l2_bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  if (cudaMalloc(&flush_, size_t(l2_bytes)) == cudaSuccess) {
+    flush_bytes_ = size_t(l2_bytes);
+  } else {
+    (void)cudaGetLastError();  // without the memory for it, candidates are timed warm
+    flush_ = nullptr;
+  }
 }
 
 CublasLtLinear::~CublasLtLinear() {
+  if (flush_) cudaFree(flush_);
   cudaEventDestroy(start_);
   cudaEventDestroy(stop_);
   cublasLtDestroy(handle_);
@@ -147,20 +160,13 @@ bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
       found = 0;
 
     // L2 (50 MB on an H200) would hold these weights between runs; a decode step reads them from memory.
-    // Overwriting a buffer of L2's size before each run evicts them. Without the memory for it, time warm.
-    int l2_bytes = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-    void* flush = nullptr;
-    if (found > 0 && cudaMalloc(&flush, size_t(l2_bytes)) != cudaSuccess) {
-      (void)cudaGetLastError();  // not an error of ours: clear it
-      flush = nullptr;
-    }
+    // Overwriting a buffer of L2's size (flush_) before each run evicts them.
     float best_ms = FLT_MAX;
     for (int i = 0; i < found; i++) {
       if (candidates[i].state != CUBLAS_STATUS_SUCCESS || matmul(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
       float total_ms = 0;  // the first run above was the warm-up
       for (int r = 0; r < kTimedRuns; r++) {
-        if (flush) CUDA_CHECK(cudaMemsetAsync(flush, r, size_t(l2_bytes), stream_));
+        if (flush_) CUDA_CHECK(cudaMemsetAsync(flush_, r, flush_bytes_, stream_));
         CUDA_CHECK(cudaEventRecord(start_, stream_));
         check_lt(matmul(candidates[i].algo), "cublasLtMatmul");
         CUDA_CHECK(cudaEventRecord(stop_, stream_));
@@ -171,7 +177,6 @@ bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
       }
       if (total_ms < best_ms) best_ms = total_ms, choice.found = true, choice.algo = candidates[i].algo;
     }
-    if (flush) CUDA_CHECK(cudaFree(flush));
     ChoiceTable& table = choice_table();
     std::lock_guard<std::mutex> lock(table.mutex);
     table.choices.emplace(key, choice);  // another thread may have chosen first: theirs stays

@@ -23,6 +23,7 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   int non_finite = 0;  // a NaN or +Inf logit anywhere in the row makes the token -1 (as an all -Inf row)
   for (int i = threadIdx.x; i < vocab_size; i += kThreads) {
     non_finite |= isnan(l[i]) || l[i] == INFINITY;
+    if (l[i] == -INFINITY) continue;  // masked: never a candidate (a row of nothing else gives -1)
     float score = samples_greedily(row.temperature) ? l[i]
                                                     : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
     if (better(score, i, best, best_index)) best = score, best_index = i;

@@ -193,6 +193,10 @@ std::vector<std::string> check_references(const std::string& md) {
     if (!std::regex_search(makefile, std::regex("(^|\n)" + (*it)[0].str() + " *\n")))
       fault("quotes a Makefile line it does not have: " + (*it)[0].str());
 
+  // A merge left half done.
+  const std::regex conflict_marker(R"((^|\n)(<<<<<<<|>>>>>>>) )");
+  if (std::regex_search(text, conflict_marker)) fault("holds merge conflict markers");
+
   // Test counts go stale: "48 tests", "17 tests pass".
   const std::regex test_count(R"(\b\d+ tests\b)");
   for (std::sregex_iterator it(text.begin(), text.end(), test_count), end; it != end; ++it)

@@ -412,6 +412,11 @@ TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
 #endif
+#ifdef NANOVLLM_CUDA
+  // build/nanovllm links the CUDA libraries, and mapping cuBLASLt alone takes most of 1 GiB of address
+  // space: the limit then measures the libraries, not the KV cache. The CPU-only build runs this test.
+  GTEST_SKIP() << "a CUDA build maps the CUDA libraries into most of a 1 GiB address space";
+#endif
   // The CPU KV cache took a fixed 1 GiB, which failed under a 1 GiB address-space limit with no hint.
   // Now it is sized from the model (model A needs 128 MiB for 8 sequences of 4096 tokens).
   auto limited = [](const std::string& args) {
