@@ -185,7 +185,8 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
   // Vocab-parallel embedding: each rank fills the rows of the ids in its shard, zeros elsewhere; the
   // all-reduce adds the shards up (nano-vllm's VocabParallelEmbedding).
   b.embedding(residual, weights_.embed_tokens, in.input_ids, int(tp_rank_ * tp_.vocab_per_rank));
-  b.all_reduce(residual);
+  const bool tp = tp_.tp_size > 1;  // with one rank there is nothing to add up
+  if (tp) b.all_reduce(residual);
   for (size_t l = 0; l < weights_.layers.size(); l++) {
     const Qwen3Weights::Layer& w = weights_.layers[l];
     // Attention block. The first layer has no sublayer output to add yet.
@@ -201,13 +202,13 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
                          in.attention.slot_mapping, heads_, eps);
     b.attention(attn_out, qkv, k_caches[l], v_caches[l], in.attention, shape);
     b.linear(hidden, attn_out, w.o_proj);
-    b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)
+    if (tp) b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)
     // MLP block.
     b.add_rmsnorm(normed, residual, hidden, w.post_attention_layernorm, eps);
     b.linear(gate_up, normed, w.gate_up_proj);
     b.silu_and_mul(mlp_act, gate_up);
     b.linear(hidden, mlp_act, w.down_proj);
-    b.all_reduce(hidden);  // row parallel: each rank's down_proj saw only its MLP columns
+    if (tp) b.all_reduce(hidden);  // row parallel: each rank's down_proj saw only its MLP columns
   }
   b.add_rmsnorm(normed, residual, hidden, weights_.norm, eps);
 }

@@ -66,9 +66,10 @@ using Launcher = void (*)(const AttentionParams&, const LaunchDims&, cudaStream_
 // Indexed by version number; nullptr where a version does not implement the phase (the table in
 // attention_versions.cpp says the same, and attention_version_for never returns such a pair).
 constexpr Launcher kPrefillLaunchers[] = {launch_v0_naive, launch_v1_gqa, nullptr, nullptr, nullptr,
-                                          launch_v5_tensor_core_prefill, nullptr};
+                                          launch_v5_tensor_core_prefill, nullptr, nullptr};
 constexpr Launcher kDecodeLaunchers[] = {launch_v0_naive,    launch_v1_gqa, launch_v2_split_k, launch_v3_staged_table,
-                                         launch_v4_prefetch, nullptr,       launch_v6_pipelined_decode};
+                                         launch_v4_prefetch, nullptr,       launch_v6_pipelined_decode,
+                                         launch_v7_head_major};
 
 // The fields every version reads; the phase-specific ones are filled by the caller.
 AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,

@@ -20,6 +20,8 @@ const std::vector<AttentionVersion>& attention_versions() {
        "FlashAttention-2 on tensor cores: mma.sync m16n8k16, ldmatrix, cp.async double buffer, swizzle"},
       {6, "v6_pipelined_decode", false, true,
        "v2 with K/V streamed through shared memory by a 4-stage cp.async pipeline (no registers held)"},
+      {7, "v7_head_major", false, true,
+       "v2 with the grid head-fastest: the blocks running together read whole token rows of the cache"},
   };
   return table;
 }

@@ -55,6 +55,7 @@ void launch_v3_staged_table(const AttentionParams& p, const LaunchDims& dims, cu
 void launch_v4_prefetch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v5_tensor_core_prefill(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v7_head_major(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 

@@ -159,7 +159,7 @@ TEST(E2E_Gpu, TensorParallelRanksMatchTheGoldenLogitsAndOneRanksTokens) {
           num += (logits[v] - g.logits[i][v]) * (logits[v] - g.logits[i][v]), den += g.logits[i][v] * g.logits[i][v];
         EXPECT_LE(std::sqrt(num / den), 2e-2) << what << " case " << i;
       }
-      const auto outputs = engine.generate(g.prompts, {greedy(12)});
+      const auto outputs = engine.generate(g.prompts, {greedy(24)});
       expect_golden_greedy(g, outputs, what);
       for (int64_t steps : engine.model_runner().rank_steps()) EXPECT_EQ(steps, engine.stats().steps) << what;
     }

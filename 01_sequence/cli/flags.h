@@ -48,7 +48,7 @@ class Flags {
 void write_stdout(const std::string& text);
 void flush_stdout();
 
-// --attention-version N: a kernel of chapter 05's ladder (0 .. 6, 05_attention/attention.h), or the
+// --attention-version N: a kernel of chapter 05's ladder (0 .. 7, 05_attention/attention.h), or the
 // default -1, each phase's fastest. A usage error names the range.
 int attention_version_from(const Flags& flags);
 

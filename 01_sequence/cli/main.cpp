@@ -82,7 +82,7 @@ const std::vector<Command>& commands() {
 const char* const kEngineOptionsHelp =
     "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
     "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
-    "                --enforce-eager --tensor-parallel-size N --attention-version N (0-6: chapter 05's kernels;\n"
+    "                --enforce-eager --tensor-parallel-size N --attention-version N (0-7: chapter 05's kernels;\n"
     "                default: each phase's fastest) --seed S --trace\n"
     "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
 
