@@ -126,6 +126,7 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
     // GPU share its budget; every rank gets the same number of blocks (the smallest that fits).
     num_blocks_ = -1;
     for (auto& r : ranks_) {
+      r->backend->bind_to_thread();  // memory_info reports the current device: this rank's
       int sharing = 0;
       for (auto& other : ranks_) sharing += other->backend->device_id() == r->backend->device_id();
       size_t free_bytes, total_bytes;
@@ -142,6 +143,7 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   config.num_kvcache_blocks = num_blocks_;
   const size_t layer_bytes = rank_block_bytes / (2 * mc.num_hidden_layers) * num_blocks_;
   for (auto& r : ranks_) {
+    r->backend->bind_to_thread();  // a Buffer is allocated on the current device: this rank's
     try {
       r->kv_storage = Buffer(r->backend->device(), rank_block_bytes * num_blocks_);
     } catch (const Error&) {

@@ -131,6 +131,10 @@ void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, 
 // all n rows of x with 16-byte loads and a warp-shuffle sum. Needs in_features % 8 == 0 and 16-byte
 // aligned x and W: linear_gemv_fits says whether a call qualifies (linear_gemv_cuda fails otherwise).
 constexpr int kGemvMaxRows = 16;
+// ...but it beats cuBLAS only for one row: on the H200 a decode step at batch 1 took 1.30 ms with it
+// against 1.55 ms, at batch 2 1.52 against 1.47, at batch 16 4.99 against 1.99 (bench-step; the rows of
+// x are reread by every warp). CudaLinear uses it up to this many rows.
+constexpr int kGemvFasterRows = 1;
 bool linear_gemv_fits(const bf16* x, const bf16* W, int n, int in_features);
 void linear_gemv_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                       int out_features, cudaStream_t stream);
@@ -178,9 +182,9 @@ class CublasLtLinear {
   size_t flush_bytes_ = 0;
 };
 
-// Which versions CudaLinear may use (NANOVLLM_LINEAR_VERSION, default 3), cumulative as 05_attention's
-// kernel versions: 1 = v1 only; 2 = v2 for n <= kGemvMaxRows, v1 above; 3 = 2, and v3 for
-// kGemvMaxRows < n <= kTunedMaxRows. Tests run each.
+// Which versions CudaLinear may use (NANOVLLM_LINEAR_VERSION, default 2), cumulative as 05_attention's
+// kernel versions: 1 = v1 only; 2 = v2 for n <= kGemvFasterRows, v1 above; 3 = 2, and v3 for
+// kGemvFasterRows < n <= kTunedMaxRows. Tests run each.
 extern int linear_kernel_version;
 
 // The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
