@@ -2,6 +2,7 @@
 // and the KV cache are bf16; every operation is one of our kernels (layers.cu, 05_attention, 07_sampler)
 // except the projections of more than 16 rows, which are cuBLASLt or cuBLAS GEMMs (06_tensor_parallel).
 // Everything is queued on one stream, so that a decode step can be captured as a CUDA graph and replayed.
+#include <algorithm>
 #include <cassert>
 #include <memory>
 #include <vector>
@@ -153,8 +154,9 @@ class CudaBackend final : public Backend {
     group_.cuda->all_reduce(group_.rank, reinterpret_cast<bf16* const*>(copies.data()), x.numel(), stream_);
   }
   void gather(const Tensor& shard, const Tensor& out) override {
-    if (group_.size == 1) {
-      CUDA_CHECK(cudaMemcpy2DAsync(out.data, out.row_size() * 4, shard.data, shard.row_size() * 4, out.row_size() * 4,
+    if (group_.size == 1) {  // one rank (or ranks not joined yet): its own columns only
+      const size_t cols = size_t(std::min(shard.row_size(), out.row_size()));
+      CUDA_CHECK(cudaMemcpy2DAsync(out.data, out.row_size() * 4, shard.data, shard.row_size() * 4, cols * 4,
                                    size_t(out.rows()), cudaMemcpyDeviceToDevice, stream_));
       return;
     }

@@ -45,6 +45,22 @@ ModelRunner::ModelRunner(EngineConfig& config)
     ranks_.back()->rank = r;
     load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config.attention_version);
   }
+  allocate_kv_cache(config);
+  if (tp_size > 1 && device() == Device::CUDA) {
+    // Before the ranks are joined: every rank runs each decode batch size once on its own, collectives
+    // off. The first call of a kernel or a GEMM shape may set things up on the device (module loading,
+    // cuBLAS's first use of an algorithm), and set-up that waits for the device must not happen while a
+    // peer spins in a collective waiting for this rank (06_tensor_parallel/all_reduce.h).
+    for (auto& r : ranks_) {
+      r->backend->bind_to_thread();
+      for (int bs : graph_sizes()) {
+        StepInputs in;
+        pad_decode(in, bs);
+        execute(*r, upload(*r, in, max_model_len_), bs);
+      }
+      r->backend->synchronize();
+    }
+  }
   if (tp_size > 1) {
     RankGroup group;
     group.size = tp_size;
@@ -71,7 +87,6 @@ ModelRunner::ModelRunner(EngineConfig& config)
   });
   rank_steps_.assign(size_t(tp_size), 0);
 
-  allocate_kv_cache(config);
   if (ranks_[0]->backend->supports_graphs() && !enforce_eager_) {
     // Every rank captures its own graphs on its own thread and stream; the warm-up run before each
     // capture executes the collectives, so the ranks must run it together.
@@ -323,15 +338,19 @@ void ModelRunner::pad_decode(StepInputs& in, int batch_size) const {
   in.sampling.resize(bs, SamplingRow{0.0f, 0, 1.0f, 0, 0});
 }
 
-void ModelRunner::capture_cuda_graphs(Rank& r) {
-  // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself so that
-  // every decode batch has a graph (nano-vllm crashes when max_num_seqs is not a multiple of 16).
+std::vector<int> ModelRunner::graph_sizes() const {
   std::vector<int> sizes;
   for (int bs : {1, 2, 4, 8})
     if (bs < max_seqs_) sizes.push_back(bs);
   for (int bs = 16; bs < max_seqs_; bs += 16) sizes.push_back(bs);
   sizes.push_back(max_seqs_);
-  for (int bs : sizes) {
+  return sizes;
+}
+
+void ModelRunner::capture_cuda_graphs(Rank& r) {
+  // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself so that
+  // every decode batch has a graph (nano-vllm crashes when max_num_seqs is not a multiple of 16).
+  for (int bs : graph_sizes()) {
     StepInputs in;  // a batch of padding rows only
     pad_decode(in, bs);
     // The grid of the decode kernel must cover any context: size it for max_model_len.

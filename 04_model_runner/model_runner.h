@@ -111,6 +111,8 @@ class ModelRunner {
   void pad_decode(StepInputs& in, int batch_size) const;
   ForwardInputs upload(Rank& r, const StepInputs& in, int max_context_len);
   void allocate_kv_cache(EngineConfig& config);
+  // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself.
+  std::vector<int> graph_sizes() const;
   void capture_cuda_graphs(Rank& r);
   // forward + logits (+ sampling on rank 0) of a step whose inputs are uploaded: what a graph captures.
   void execute(Rank& r, const ForwardInputs& f, int num_seqs);
