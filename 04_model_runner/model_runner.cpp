@@ -88,12 +88,26 @@ ModelRunner::ModelRunner(EngineConfig& config)
   rank_steps_.assign(size_t(tp_size), 0);
 
   if (ranks_[0]->backend->supports_graphs() && !enforce_eager_) {
-    // Every rank captures its own graphs on its own thread and stream; the warm-up run before each
-    // capture executes the collectives, so the ranks must run it together.
-    threads_->run([&](int r) {
-      ranks_[size_t(r)]->backend->bind_to_thread();
-      capture_cuda_graphs(*ranks_[size_t(r)]);
-    });
+    // Every rank captures its own graphs on its own thread and stream, one batch size at a time, in
+    // lock step: the warm-up run before a capture executes the collectives, so the ranks run it
+    // together; and no rank starts the next warm-up (a kernel that spins until its peers join) while a
+    // peer may still be instantiating its graph, which can wait for the whole GPU when ranks share one.
+    for (int bs : graph_sizes()) {
+      threads_->run([&](int r) {  // returns when every rank is done: a barrier
+        Rank& rank = *ranks_[size_t(r)];
+        rank.backend->bind_to_thread();
+        StepInputs in;  // a batch of padding rows only
+        pad_decode(in, bs);
+        // The grid of the decode kernel must cover any context: size it for max_model_len.
+        execute(rank, upload(rank, in, max_model_len_), bs);
+        rank.backend->synchronize();
+      });
+      threads_->run([&](int r) {
+        Rank& rank = *ranks_[size_t(r)];
+        rank.backend->bind_to_thread();
+        capture_cuda_graph(rank, bs);
+      });
+    }
   }
 }
 
@@ -347,20 +361,13 @@ std::vector<int> ModelRunner::graph_sizes() const {
   return sizes;
 }
 
-void ModelRunner::capture_cuda_graphs(Rank& r) {
-  // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself so that
-  // every decode batch has a graph (nano-vllm crashes when max_num_seqs is not a multiple of 16).
-  for (int bs : graph_sizes()) {
-    StepInputs in;  // a batch of padding rows only
-    pad_decode(in, bs);
-    // The grid of the decode kernel must cover any context: size it for max_model_len.
-    ForwardInputs f = upload(r, in, max_model_len_);
-    execute(r, f, bs);  // warm-up outside the capture
-    r.backend->synchronize();
-    r.backend->begin_capture();
-    execute(r, f, bs);
-    r.graphs.push_back({bs, r.backend->end_capture()});
-  }
+void ModelRunner::capture_cuda_graph(Rank& r, int bs) {
+  StepInputs in;  // a batch of padding rows only; the inputs of a replay are uploaded into the same buffers
+  pad_decode(in, bs);
+  ForwardInputs f = upload(r, in, max_model_len_);
+  r.backend->begin_capture();
+  execute(r, f, bs);
+  r.graphs.push_back({bs, r.backend->end_capture()});
   r.backend->synchronize();
 }
 

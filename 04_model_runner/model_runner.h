@@ -113,7 +113,8 @@ class ModelRunner {
   void allocate_kv_cache(EngineConfig& config);
   // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself.
   std::vector<int> graph_sizes() const;
-  void capture_cuda_graphs(Rank& r);
+  // Captures rank r's graph of a decode step of bs padding rows (after a warm-up run of the same step).
+  void capture_cuda_graph(Rank& r, int bs);
   // forward + logits (+ sampling on rank 0) of a step whose inputs are uploaded: what a graph captures.
   void execute(Rank& r, const ForwardInputs& f, int num_seqs);
   // The CUDA graph of the smallest captured batch size >= num_seqs, or nullptr.

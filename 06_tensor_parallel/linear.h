@@ -148,7 +148,7 @@ void linear_gemv_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int
 // each run (a decode step streams its weights from memory, not from L2), and keeps the fastest. Every
 // later run uses it, inside a capture or not. During a capture nothing is timed or allocated: a shape
 // never seen before returns false and the caller runs v1, which is why the model runner runs every decode
-// shape once before capturing (ModelRunner::capture_cuda_graphs).
+// shape once before capturing (ModelRunner::capture_cuda_graph).
 //
 // The choices live in one table for the whole process, behind a mutex: two engines in one process run
 // the same algorithm and compute the same bits. Two processes may choose differently when two algorithms
