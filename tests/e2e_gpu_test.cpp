@@ -61,6 +61,13 @@ void expect_golden_greedy(const Golden& g, const std::vector<GenerateOutput>& ou
     }
 }
 
+// ||got - want|| / ||want|| (the bf16 path's tolerance is 2e-2).
+double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t v = 0; v < want.size(); v++) num += (got[v] - want[v]) * (got[v] - want[v]), den += want[v] * want[v];
+  return std::sqrt(num / den);
+}
+
 SamplingParams greedy(int n) {
   SamplingParams p;
   p.temperature = 0, p.max_tokens = n, p.ignore_eos = true;
@@ -78,10 +85,7 @@ TEST(E2E_Gpu, LogitsMatchTransformers) {
       engine.add_request(g.prompts[i], greedy(1));
       std::vector<float> logits;
       while (!engine.is_finished()) engine.step(&logits);
-      double num = 0, den = 0;
-      for (size_t v = 0; v < g.logits[i].size(); v++)
-        num += (logits[v] - g.logits[i][v]) * (logits[v] - g.logits[i][v]), den += g.logits[i][v] * g.logits[i][v];
-      EXPECT_LE(std::sqrt(num / den), 2e-2) << model << " case " << i;
+      EXPECT_LE(relative_error(logits, g.logits[i]), 2e-2) << model << " case " << i;
     }
   }
 }
@@ -154,10 +158,7 @@ TEST(E2E_Gpu, TensorParallelRanksMatchTheGoldenLogitsAndOneRanksTokens) {
         engine.add_request(g.prompts[i], greedy(1));
         std::vector<float> logits;
         while (!engine.is_finished()) engine.step(&logits);
-        double num = 0, den = 0;
-        for (size_t v = 0; v < g.logits[i].size(); v++)
-          num += (logits[v] - g.logits[i][v]) * (logits[v] - g.logits[i][v]), den += g.logits[i][v] * g.logits[i][v];
-        EXPECT_LE(std::sqrt(num / den), 2e-2) << what << " case " << i;
+        EXPECT_LE(relative_error(logits, g.logits[i]), 2e-2) << what << " case " << i;
       }
       const auto outputs = engine.generate(g.prompts, {greedy(24)});
       expect_golden_greedy(g, outputs, what);
