@@ -1,5 +1,5 @@
 // gqa_tile.cuh: the pieces of the CUDA-core kernels v1_gqa, v2_split_k, v3_staged_table, v4_prefetch
-// and v6_pipelined_decode. Read it with v1_gqa.cu, which introduces them.
+// and v6_pipelined_decode, v7_head_major, v8_l2_prefetch. Read it with v1_gqa.cu, which introduces them.
 //
 // The unit of work of a thread block is a tile of ROWS "rows" that share one KV head, a row being (a query
 // token, one of the G = num_heads / num_kv_heads query heads that read this KV head):

@@ -1,4 +1,4 @@
-// kernels.cuh: what attention.cu (the dispatch) and the version files v0_naive.cu .. v6_pipelined_decode.cu
+// kernels.cuh: what attention.cu (the dispatch) and the version files v0_naive.cu .. v9_tensor_core_decode.cu
 // share: the one parameter struct every kernel takes, and the launcher each version file defines.
 // Included only by .cu files.
 #pragma once
@@ -56,6 +56,8 @@ void launch_v4_prefetch(const AttentionParams& p, const LaunchDims& dims, cudaSt
 void launch_v5_tensor_core_prefill(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v7_head_major(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v8_l2_prefetch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 

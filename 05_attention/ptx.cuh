@@ -1,4 +1,4 @@
-// ptx.cuh: the inline-PTX instructions of v5_tensor_core_prefill.cu and v6_pipelined_decode.cu, one
+// ptx.cuh: the inline-PTX instructions of v5_tensor_core_prefill.cu, v6_pipelined_decode.cu and v9, one
 // wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync m16n8k16). v5's header comment gives the
 // fragment layouts ldmatrix and mma use.
 #pragma once

@@ -14,8 +14,7 @@
 // Launch:   as v2 (grid (max_partitions, num_kv_heads, num_seqs), 128 threads, then the combine), plus
 //           dynamic shared memory kStages x 16 KB = 64 KB: 3 blocks per SM, up to 9 steps (144 KB) in
 //           flight per SM.
-// Measured: see NOTES.md. Whether it beats v2 can only be measured: kDefaultDecodeVersion
-//           (attention.h) stays v2 until it does.
+// Measured: see NOTES.md (slower than v2: the pipeline does not shorten v2's arithmetic, which v9 does).
 #include "05_attention/gqa_tile.cuh"
 #include "05_attention/ptx.cuh"
 

@@ -1,0 +1,246 @@
+// v9_tensor_core_decode.cu: split-K decode on tensor cores: K/V stream through shared memory by cp.async,
+// and the few query rows of a GQA group ride in one mma.
+//
+// Idea:     v2-v8 show that decode is not limited by how many bytes are in flight (v8's L2 prefetch, v6's
+//           pipeline) but by the instructions spent per byte: on CUDA cores every bf16 of K and V costs a
+//           conversion, one FMA per query row, and for K a 16-lane shuffle reduction; at batch 256 that is
+//           about 100 warp instructions per KB, 40% of the GPU's issue rate at full bandwidth, with 5 warps
+//           per scheduler to hide the latencies. A tensor core multiplies a 16 x 16 by a 16 x 8 tile in one
+//           instruction. A decode block has only G = 2..8 query rows (the heads of one KV head), so most
+//           of the tile is padding, but the padding is free: what matters is that a 16-key tile of K and V
+//           (8 KB at head_dim 128) now costs ~100 instructions instead of ~800.
+// Adds:     over v2 (partitions, combine kernel) and v5 (mma.sync, ldmatrix, cp.async, XOR swizzle):
+//           - each warp owns every 4th 16-key tile of the block's partition and streams it through its own
+//             kStages-deep cp.async pipeline in shared memory (warp-private: __syncwarp, no block barrier);
+//           - S = Q K^T with the G rows as the mma's M (rows G..15 are zeros);
+//           - O^T = V^T P^T: transposed, so that the G rows are the mma's N (8 columns, G <= 8) and the
+//             output takes 4 registers per 16 dims instead of 8. P^T's B fragment is exactly S's
+//             accumulator registers of rows 0..7 (see "P" below), so P never leaves registers.
+// Launch:   grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
+//           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM); then v2's
+//           combine kernel. Head dims 64 and 128, G <= 8, block_size a multiple of 16 (the engine's rule:
+//           a 16-key tile never crosses a KV block).
+// Measured: see NOTES.md.
+//
+// ---------------------------------------------------------------------------------------------------
+// Fragments (lane = 4 g + t4; the ISA tables are in v5_tensor_core_prefill.cu's header):
+//   S = Q K^T, per 16-key tile: M = query rows (row g valid when g < G), N = keys, K = dims.
+//     A (Q): a0 = Q[g][16 kk + 2 t4 + {0,1}], a2 = Q[g][16 kk + 8 + 2 t4 + {0,1}]; a1 = a3 = 0 (rows 8..15).
+//     B (K): keys 0..7 (n-tile 0) and 8..15 (n-tile 1); K's (key, dim) rows in shared memory are B
+//       column-major already: ldmatrix without .trans, matrices (keys 0-7, dims 16 kk..), (keys 0-7,
+//       dims 16 kk + 8..), (keys 8-15, dims 16 kk..), (keys 8-15, dims 16 kk + 8..) -> b0, b1 of n-tile 0,
+//       b0, b1 of n-tile 1.
+//     C: lane (g, t4) holds S[g][2 t4 + {0,1}] (n-tile 0, c0 c1) and S[g][8 + 2 t4 + {0,1}] (n-tile 1).
+//   O^T = V^T P^T, per 16-key tile: M = dims (16 per m-tile), N = query rows, K = keys.
+//     A (V^T): a0 = V[keys 2 t4 + {0,1}][dim 16 mt + g], a1 = dim + 8, a2 = keys + 8, a3 = both: the
+//       (key, dim) tile read with ldmatrix.trans, matrices (keys 0-7, dims 16 mt..), (keys 0-7, dims
+//       16 mt + 8..), (keys 8-15, dims 16 mt..), (keys 8-15, dims 16 mt + 8..): the same four as K's.
+//     B (P^T): b0 = P[row g][keys 2 t4 + {0,1}], b1 = P[row g][keys 8 + 2 t4 + {0,1}]: S's n-tile 0 and
+//       n-tile 1 c0 c1 of this very lane, after the softmax. Nothing moves.
+//     C: lane (g, t4) holds O^T[dim 16 mt + g (+ 8 for c2, c3)][rows 2 t4 + {0,1}].
+//   So the softmax statistics of row r live in the quad of lanes 4r..4r+3 (S's layout), while the output
+//   of row r lives in lanes with t4 = r / 2: rescaling O fetches alpha of rows 2 t4 and 2 t4 + 1 from
+//   lanes 8 t4 and 8 t4 + 4 (two shuffles per tile).
+#include "05_attention/kernels.cuh"
+#include "05_attention/ptx.cuh"
+#include "05_attention/softmax.cuh"
+
+namespace nanovllm {
+namespace {
+
+constexpr int kTileKeys = 16;  // keys per tile: the mma's K for P V, two n-tiles for Q K^T
+constexpr int kWarpsV9 = 4;    // warps per block; warp w takes tiles w, w + 4, w + 8, ... of the partition
+constexpr int kStages = 3;     // tiles of each warp in shared memory at once (2 in flight while 1 computes)
+
+// Shared-memory byte offset of 16-byte chunk `chunk` of row `row` in a (kTileKeys, HEAD_DIM) bf16 tile: the
+// chunk index XOR row % 8, so that the 8 rows of one ldmatrix matrix (same chunk, rows r..r+7) fall in 8
+// different bank groups.
+template <int HEAD_DIM>
+__device__ inline uint32_t tile_offset(int row, int chunk) {
+  return uint32_t(row * HEAD_DIM * 2 + ((chunk ^ (row % 8)) * 16));
+}
+
+// The warp copies the K and V rows of keys tile_key .. tile_key + 15 of (seq, kv_head) into its stage
+// buffers (k_tile, v_tile: shared addresses), one 16-byte cp.async per lane per instruction, consecutive
+// lanes on consecutive chunks of a row. Keys at or past key_end are zero-filled: their weight will be 0,
+// and 0 * (garbage that happens to be NaN) would not be.
+template <int HEAD_DIM>
+__device__ inline void load_tile(const AttentionParams& p, const int32_t* block_table, int tile_key, int key_end,
+                                 int kv_head, int lane, uint32_t k_tile, uint32_t v_tile) {
+  constexpr int kChunks = HEAD_DIM / 8;        // 16-byte chunks per row: 16 at head_dim 128
+  constexpr int kRowsPerCopy = 32 / kChunks;   // rows one warp instruction covers: 2 at head_dim 128
+  const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
+  // A tile never crosses a KV block (block_size is a multiple of 16 and tiles start at multiples of 16).
+  const int logical = tile_key / p.block_size;
+  const int64_t slot0 = int64_t(block_table[logical]) * p.block_size + (tile_key - logical * p.block_size);
+  const int chunk = lane % kChunks;
+#pragma unroll
+  for (int i = 0; i < kTileKeys / kRowsPerCopy; i++) {
+    const int row = i * kRowsPerCopy + lane / kChunks;
+    const bool valid = tile_key + row < key_end;
+    const int64_t offset = (slot0 + (valid ? row : 0)) * kv_dim + kv_head * HEAD_DIM + chunk * 8;
+    cp_async_16(k_tile + tile_offset<HEAD_DIM>(row, chunk), p.k_cache + offset, valid);
+    cp_async_16(v_tile + tile_offset<HEAD_DIM>(row, chunk), p.v_cache + offset, valid);
+  }
+}
+
+// Block (partition, kv_head, seq): the G query heads of kv_head over one partition of the context ->
+// their partial (m, l, O), as v2's store_partials writes them.
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode_kernel(AttentionParams p) {
+  constexpr int kSteps = HEAD_DIM / 16;  // k-steps of Q K^T, m-tiles of O^T
+  constexpr int kTileBytes = kTileKeys * HEAD_DIM * 2;
+  extern __shared__ __align__(128) unsigned char smem[];  // (warps, kStages, K/V, kTileKeys, HEAD_DIM) bf16
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int seq = blockIdx.z, kv_head = blockIdx.y, partition = blockIdx.x;
+  const int G = p.num_heads / p.num_kv_heads;
+  const int seqlen_k = p.context_lens[seq];
+  const int key_begin = partition * p.partition_size;
+  const int key_end = min(seqlen_k, key_begin + p.partition_size);
+  if (key_begin >= key_end) return;  // past this sequence's context (or a padding row, context 0)
+
+  // Q's A fragments, rows g < G (head kv_head * G + g of query row seq); rows G..15 are zeros.
+  uint32_t q_frag[kSteps][2];  // a0, a2 of each k-step (a1 = a3 = 0)
+  {
+    const bf16* q = p.q + int64_t(seq) * p.q_stride + int64_t(kv_head * G + min(g, G - 1)) * HEAD_DIM;
+#pragma unroll
+    for (int kk = 0; kk < kSteps; kk++) {
+      q_frag[kk][0] = g < G ? *reinterpret_cast<const uint32_t*>(q + 16 * kk + 2 * t4) : 0u;
+      q_frag[kk][1] = g < G ? *reinterpret_cast<const uint32_t*>(q + 16 * kk + 8 + 2 * t4) : 0u;
+    }
+  }
+  // The online softmax of row g (replicated in the 4 lanes of its quad; l is this lane's part of the sum,
+  // added across the quad at the end), and this lane's O^T accumulators.
+  float m = -INFINITY, l = 0.0f;
+  float o[kSteps][4];
+#pragma unroll
+  for (int mt = 0; mt < kSteps; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+
+  const int32_t* block_table = p.block_tables + int64_t(seq) * p.block_table_width;
+  const int num_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
+  const int my_tiles = (num_tiles - warp + kWarpsV9 - 1) / kWarpsV9;  // tiles warp, warp + 4, ...
+  const uint32_t stage0 = smem_address(smem) + uint32_t(warp * kStages * 2 * kTileBytes);
+  auto k_stage = [&](int i) { return stage0 + uint32_t((i % kStages) * 2 * kTileBytes); };
+  auto tile_key = [&](int i) { return key_begin + (warp + i * kWarpsV9) * kTileKeys; };
+
+  // Prologue: the first kStages - 1 tiles in flight (one commit group each, empty past the last tile, so
+  // that the wait below always counts the same number of groups).
+#pragma unroll
+  for (int i = 0; i < kStages - 1; i++) {
+    if (i < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes);
+    cp_async_commit();
+  }
+
+  // ldmatrix addresses: lane gives row (lane % 8) of matrix lane / 8; matrices 2, 3 are keys 8..15, and
+  // matrices 1, 3 are the upper 8 dims of the 16 (K: of the k-step; V: of the m-tile).
+  const int ld_row = 8 * (lane / 16) + lane % 8, ld_half = (lane / 8) % 2;
+
+  for (int i = 0; i < my_tiles; i++) {
+    // Refill the stage that tile i - 1 used: every lane has finished reading it (ldmatrix) first.
+    __syncwarp();
+    const int ahead = i + kStages - 1;
+    if (ahead < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(ahead), key_end, kv_head, lane, k_stage(ahead), k_stage(ahead) + kTileBytes);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // ... and every other lane's, visible to the whole warp
+    const uint32_t k_tile = k_stage(i), v_tile = k_tile + kTileBytes;
+
+    // S = Q K^T for the 16 keys (n-tile 0: keys 0..7, n-tile 1: keys 8..15).
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < kSteps; kk++) {
+      uint32_t b[4];
+      ldmatrix_x4(b, k_tile + tile_offset<HEAD_DIM>(ld_row, 2 * kk + ld_half));
+      const uint32_t a[4] = {q_frag[kk][0], 0u, q_frag[kk][1], 0u};
+      mma_16816(s[0], a, b[0], b[1]);
+      mma_16816(s[1], a, b[2], b[3]);
+    }
+    // Online softmax of row g over this lane's 4 keys of the tile, then across the quad. Base 2.
+    const int key0 = tile_key(i) + 2 * t4;
+    float x[4] = {s[0][0], s[0][1], s[1][0], s[1][1]};  // keys key0, key0 + 1, key0 + 8, key0 + 9
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int key = key0 + (j / 2) * 8 + j % 2;
+      x[j] = key < key_end ? x[j] * p.scale_log2 : -INFINITY;
+      tile_max = fmaxf(tile_max, x[j]);
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m, tile_max);
+    const float alpha = online_softmax_rescale(m, m_new);
+    float pr[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) pr[j] = m_new == -INFINITY ? 0.0f : exp2f(x[j] - m_new);
+    l = l * alpha + (pr[0] + pr[1]) + (pr[2] + pr[3]);
+    m = m_new;
+    // O^T's columns are rows 2 t4 and 2 t4 + 1, whose alpha lives in the quads of lanes 8 t4 and 8 t4 + 4.
+    const float alpha_lo = __shfl_sync(0xffffffffu, alpha, 8 * t4);
+    const float alpha_hi = __shfl_sync(0xffffffffu, alpha, 8 * t4 + 4);
+    const uint32_t b0 = pack_bf16x2(pr[0], pr[1]), b1 = pack_bf16x2(pr[2], pr[3]);  // P^T, rows g
+#pragma unroll
+    for (int mt = 0; mt < kSteps; mt++) {
+      o[mt][0] *= alpha_lo, o[mt][1] *= alpha_hi, o[mt][2] *= alpha_lo, o[mt][3] *= alpha_hi;
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, v_tile + tile_offset<HEAD_DIM>(ld_row, 2 * mt + ld_half));
+      // ldmatrix gives (keys 0-7, dims lo), (keys 0-7, dims hi), (keys 8-15, dims lo), (keys 8-15, dims hi);
+      // the A fragment wants a0 (dims lo, keys 0-7), a1 (dims hi, keys 0-7), a2 (dims lo, keys 8-15), a3.
+      mma_16816(o[mt], a, b0, b1);
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain, but leave none behind before the buffers are reused
+
+  // Merge the 4 warps' states of rows 0..G-1 through shared memory (reusing the pipeline buffers):
+  // (warps, 8) for m and l, (warps, 8, HEAD_DIM) for O.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  float* sm_m = reinterpret_cast<float*>(smem);
+  float* sm_l = sm_m + kWarpsV9 * 8;
+  float* sm_O = sm_l + kWarpsV9 * 8;
+  __syncthreads();  // every warp is done with its pipeline buffers before they are overwritten
+  if (t4 == 0) sm_m[warp * 8 + g] = m, sm_l[warp * 8 + g] = l;
+#pragma unroll
+  for (int mt = 0; mt < kSteps; mt++) {
+    const int d = 16 * mt + g, r = 2 * t4;
+    float* O_w = sm_O + warp * 8 * HEAD_DIM;
+    O_w[r * HEAD_DIM + d] = o[mt][0], O_w[(r + 1) * HEAD_DIM + d] = o[mt][1];
+    O_w[r * HEAD_DIM + d + 8] = o[mt][2], O_w[(r + 1) * HEAD_DIM + d + 8] = o[mt][3];
+  }
+  __syncthreads();  // every warp's state is in shared memory before any thread merges
+  for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) {
+    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarpsV9; w++) M = fmaxf(M, sm_m[w * 8 + r]);
+    float L = 0.0f, O = 0.0f;
+    for (int w = 0; w < kWarpsV9; w++) {
+      const float weight = sm_m[w * 8 + r] == -INFINITY ? 0.0f : exp2f(sm_m[w * 8 + r] - M);  // a warp without tiles
+      L += sm_l[w * 8 + r] * weight;
+      O += sm_O[(w * 8 + r) * HEAD_DIM + d] * weight;
+    }
+    const int64_t part = (int64_t(seq) * p.num_heads + kv_head * G + r) * p.max_partitions + partition;
+    if (d == 0) p.part_m[part] = M, p.part_l[part] = L;
+    p.part_O[part * HEAD_DIM + d] = O;
+  }
+}
+
+template <int HEAD_DIM>
+void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));
+  const int smem_bytes = kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2;
+  static_assert(kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2 >= (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM) * 4,
+                "the merge reuses the pipeline buffers");
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v9_tensor_core_decode_kernel<HEAD_DIM>), smem_bytes,
+                     stream);
+  attention_v9_tensor_core_decode_kernel<HEAD_DIM><<<grid, kWarpsV9 * 32, smem_bytes, stream>>>(p);
+}
+
+}  // namespace
+
+void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
+  if (p.head_dim == 64) launch_for_head_dim<64>(p, dims.num_seqs, stream);
+  else launch_for_head_dim<128>(p, dims.num_seqs, stream);
+  launch_decode_combine(p, dims.num_seqs, stream);
+}
+
+}  // namespace nanovllm
