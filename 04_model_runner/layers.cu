@@ -27,6 +27,8 @@ __device__ float block_sum(float v) {
 
 __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* ids, int hidden, int vocab_start,
                                  int vocab_size) {
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const int row = blockIdx.x;
   const int local = ids[row] - vocab_start;
   bf16* dst = out + int64_t(row) * hidden;
@@ -42,6 +44,8 @@ __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* id
 // written back to residual.
 template <bool RESIDUAL>
 __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps) {
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const int64_t base = int64_t(blockIdx.x) * hidden;
   float v[kMaxChunksPerThread][8];
   float sum_sq = 0;
@@ -160,6 +164,8 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
                                           bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int num_tokens,
                                           int num_heads, int num_kv_heads, float eps) {
   constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const int warp_global = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int heads = num_heads + 2 * num_kv_heads;
@@ -190,6 +196,8 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
 }
 
 __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int inter) {
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const int64_t chunks_per_row = inter / 8;
   const int64_t chunk = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (chunk >= n * chunks_per_row) return;
@@ -215,14 +223,14 @@ void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int
                     int vocab_size, cudaStream_t stream) {
   assert(hidden % 8 == 0);
   if (n == 0) return;
-  embedding_kernel<<<n, kRowThreads, 0, stream>>>(out, table, ids, hidden, vocab_start, vocab_size);
+  launch_overlapped(embedding_kernel, n, kRowThreads, 0, stream, out, table, ids, hidden, vocab_start, vocab_size);
   CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidden, float eps, cudaStream_t stream) {
   assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
   if (n == 0) return;
-  rmsnorm_kernel<false><<<n, kRowThreads, 0, stream>>>(out, nullptr, x, weight, hidden, eps);
+  launch_overlapped(rmsnorm_kernel<false>, n, kRowThreads, 0, stream, out, nullptr, x, weight, hidden, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -230,7 +238,7 @@ void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weig
                       cudaStream_t stream) {
   assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
   if (n == 0) return;
-  rmsnorm_kernel<true><<<n, kRowThreads, 0, stream>>>(out, residual, x, weight, hidden, eps);
+  launch_overlapped(rmsnorm_kernel<true>, n, kRowThreads, 0, stream, out, residual, x, weight, hidden, eps);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -267,17 +275,17 @@ void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, 
   const int blocks = (warps + warps_per_block - 1) / warps_per_block;
   switch (head_dim) {
     case 64:
-      qk_norm_rope_store_kernel<64><<<blocks, 32 * warps_per_block, 0, stream>>>(
+      launch_overlapped(qk_norm_rope_store_kernel<64>, blocks, 32 * warps_per_block, 0, stream,
           qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
           num_heads, num_kv_heads, eps);
       break;
     case 128:
-      qk_norm_rope_store_kernel<128><<<blocks, 32 * warps_per_block, 0, stream>>>(
+      launch_overlapped(qk_norm_rope_store_kernel<128>, blocks, 32 * warps_per_block, 0, stream,
           qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
           num_heads, num_kv_heads, eps);
       break;
     case 256:
-      qk_norm_rope_store_kernel<256><<<blocks, 32 * warps_per_block, 0, stream>>>(
+      launch_overlapped(qk_norm_rope_store_kernel<256>, blocks, 32 * warps_per_block, 0, stream,
           qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
           num_heads, num_kv_heads, eps);
       break;
@@ -290,7 +298,7 @@ void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStr
   assert(inter % 8 == 0);
   const int64_t chunks = int64_t(n) * inter / 8;
   if (chunks == 0) return;
-  silu_and_mul_kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream>>>(out, gate_up, n, inter);
+  launch_overlapped(silu_and_mul_kernel, unsigned((chunks + 255) / 256), 256, 0, stream, out, gate_up, n, inter);
   CUDA_CHECK_LAUNCH();
 }
 

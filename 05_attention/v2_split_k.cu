@@ -59,6 +59,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_v2_split_k_kernel(Atten
 template <int HEAD_DIM>
 __global__ void decode_combine_kernel(AttentionParams p) {
   const int seq = blockIdx.y, head = blockIdx.x, d = threadIdx.x;
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const int context = p.context_lens[seq];
   bf16* out = p.out + int64_t(seq) * p.out_stride + int64_t(head) * HEAD_DIM;
   if (context == 0) {
@@ -82,8 +84,9 @@ __global__ void decode_combine_kernel(AttentionParams p) {
 
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.num_heads), unsigned(num_seqs));
-  if (p.head_dim == 64) decode_combine_kernel<64><<<grid, 64, 0, stream>>>(p);
-  else decode_combine_kernel<128><<<grid, 128, 0, stream>>>(p);
+  // Overlapped (cuda_utils.h): the combine's blocks start while the partitions' last blocks finish.
+  if (p.head_dim == 64) launch_overlapped(decode_combine_kernel<64>, grid, 64, 0, stream, p);
+  else launch_overlapped(decode_combine_kernel<128>, grid, 128, 0, stream, p);
 }
 
 void launch_v2_split_k(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {

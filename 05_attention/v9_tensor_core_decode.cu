@@ -16,7 +16,9 @@
 //           - O^T = V^T P^T: transposed, so that the G rows are the mma's N (8 columns, G <= 8) and the
 //             output takes 4 registers per 16 dims instead of 8. P^T's B fragment is exactly S's
 //             accumulator registers of rows 0..7 (see "P" below), so P never leaves registers.
-// Launch:   grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
+// Launch:   overlapped (cuda_utils.h: launch_overlapped): the previous kernel's tail and this kernel's
+//           start-up run together, and so do this kernel's tail and the combine's start.
+//           Grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
 //           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM); then v2's
 //           combine kernel. Head dims 64 and 128, G <= 8, block_size a multiple of 16 (the engine's rule:
 //           a 16-key tile never crosses a KV block).
@@ -91,7 +93,8 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   constexpr int kSteps = HEAD_DIM / 16;  // k-steps of Q K^T, m-tiles of O^T
   constexpr int kTileBytes = kTileKeys * HEAD_DIM * 2;
   extern __shared__ __align__(128) unsigned char smem[];  // (warps, kStages, K/V, kTileKeys, HEAD_DIM) bf16
-
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int seq = blockIdx.z, kv_head = blockIdx.y, partition = blockIdx.x;
   const int G = p.num_heads / p.num_kv_heads;
@@ -232,7 +235,7 @@ void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t st
                 "the merge reuses the pipeline buffers");
   allow_dynamic_smem(reinterpret_cast<const void*>(attention_v9_tensor_core_decode_kernel<HEAD_DIM>), smem_bytes,
                      stream);
-  attention_v9_tensor_core_decode_kernel<HEAD_DIM><<<grid, kWarpsV9 * 32, smem_bytes, stream>>>(p);
+  launch_overlapped(attention_v9_tensor_core_decode_kernel<HEAD_DIM>, grid, kWarpsV9 * 32, smem_bytes, stream, p);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     linear_gemv_kernel(OutT* y, const bf16* x, const bf16* W, int n, int in, int out) {
   const int lane = threadIdx.x % 32;
   const int o0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRowsPerWarp;
-  if (o0 >= out) return;  // a whole warp; nothing below synchronises the block
+  const bool rows_here = o0 < out;  // false: a whole warp past the last row
   const int chunks = in / 8;
   const uint4* x4 = reinterpret_cast<const uint4*>(x);  // (n, chunks): 8 bf16 per uint4
   const uint4* w4 = reinterpret_cast<const uint4*>(W);  // (out, chunks)
@@ -59,6 +59,13 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int c = base + 32 * u + lane;
         w[r][u] = c < chunks && o0 + r < out ? __ldcs(w4 + int64_t(o0 + r) * chunks + c) : make_uint4(0, 0, 0, 0);
       }
+    // Launched overlapped: the weights are no other kernel's output, so the first round of them is on its
+    // way (for in <= 1,024, all of them) while the previous kernel, which writes x, finishes.
+    if (base == 0) {
+      wait_for_previous_kernel();
+      allow_next_kernel();
+      if (!rows_here) return;
+    }
 #pragma unroll
     for (int u = 0; u < kChunksInFlight; u++) {
       const int c = base + 32 * u + lane;
@@ -97,15 +104,15 @@ void launch_gemv(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, 
   const unsigned blocks = unsigned((out + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp));
   const unsigned threads = kWarps * 32;
   if (n == 1) {
-    linear_gemv_kernel<1, OutT><<<blocks, threads, 0, stream>>>(y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<1, OutT>, blocks, threads, 0, stream, y, x, W, n, in, out);
   } else if (n <= 2) {
-    linear_gemv_kernel<2, OutT><<<blocks, threads, 0, stream>>>(y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<2, OutT>, blocks, threads, 0, stream, y, x, W, n, in, out);
   } else if (n <= 4) {
-    linear_gemv_kernel<4, OutT><<<blocks, threads, 0, stream>>>(y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<4, OutT>, blocks, threads, 0, stream, y, x, W, n, in, out);
   } else if (n <= 8) {
-    linear_gemv_kernel<8, OutT><<<blocks, threads, 0, stream>>>(y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<8, OutT>, blocks, threads, 0, stream, y, x, W, n, in, out);
   } else {
-    linear_gemv_kernel<16, OutT><<<blocks, threads, 0, stream>>>(y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<16, OutT>, blocks, threads, 0, stream, y, x, W, n, in, out);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -16,6 +16,8 @@ __device__ bool better(float score, int index, float best_score, int best_index)
 }
 
 __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_size, const SamplingRow* rows) {
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const SamplingRow row = rows[blockIdx.x];
   const float* l = logits + int64_t(blockIdx.x) * vocab_size;
   float best = -INFINITY;
@@ -56,7 +58,7 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
                  cudaStream_t stream) {
   if (num_rows == 0) return;
-  sample_kernel<<<num_rows, kThreads, 0, stream>>>(tokens, logits, vocab_size, rows);
+  launch_overlapped(sample_kernel, num_rows, kThreads, 0, stream, tokens, logits, vocab_size, rows);
   CUDA_CHECK_LAUNCH();
   // Rows with top-k or top-p: sample_top_k_top_p_kernel (sampler_top_k_top_p.cu) samples them again and
   // overwrites their tokens; on the same stream, it runs after sample_kernel. Which rows those are is only

@@ -205,6 +205,8 @@ __device__ bool better(float score, uint32_t key, int index, float best_score, u
 // rows (num_rows,). One block of kThreads per row; rows it does not own return at once.
 __global__ void __launch_bounds__(kThreads)
 sample_top_k_top_p_kernel(int32_t* tokens, const float* logits, int vocab_size, const SamplingRow* rows) {
+  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  allow_next_kernel();
   const SamplingRow row = rows[blockIdx.x];
   if (!is_top_k_top_p_row(row, vocab_size)) return;  // sample_kernel's token stands
   const bool top_k = row.top_k > 0 && row.top_k < vocab_size;
@@ -353,7 +355,7 @@ void sample_top_k_top_p_cuda(int32_t* tokens, const float* logits, int num_rows,
   if (vocab_size < 1 || vocab_size > kMaxTopKTopPVocab)
     fail("sample_top_k_top_p_cuda: vocab_size ", vocab_size, " outside [1, ", kMaxTopKTopPVocab,
          "] (the fixed-point masses of a row must sum below 2^63)");
-  sample_top_k_top_p_kernel<<<num_rows, kThreads, 0, stream>>>(tokens, logits, vocab_size, rows);
+  launch_overlapped(sample_top_k_top_p_kernel, num_rows, kThreads, 0, stream, tokens, logits, vocab_size, rows);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -52,12 +52,14 @@ EngineConfig gpu_config(const std::string& model) {
   return c;
 }
 
-// Greedy tokens agree with the golden ones up to the first step whose golden margin is under 0.25.
+// Greedy tokens agree with the golden ones up to, not including, the first step whose golden margin (top-1
+// minus top-2 logit) is under 0.25: that step's own argmax is within the bf16 path's noise (its logits are
+// within 2e-2 relative error, about 0.1 here), and every later step follows from it.
 void expect_golden_greedy(const Golden& g, const std::vector<GenerateOutput>& outputs, const std::string& what) {
   for (size_t i = 0; i < g.prompts.size(); i++)
     for (size_t step = 0; step < g.tokens[i].size(); step++) {
-      ASSERT_EQ(outputs[i].token_ids[step], g.tokens[i][step]) << what << ": case " << i << " step " << step;
       if (g.margins[i][step] < 0.25) break;
+      ASSERT_EQ(outputs[i].token_ids[step], g.tokens[i][step]) << what << ": case " << i << " step " << step;
     }
 }
 

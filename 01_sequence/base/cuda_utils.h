@@ -1,10 +1,13 @@
 // cuda_utils.h: what every CUDA file shares: CUDA_CHECK after every runtime call and launch, whether a
-// GPU is present, and warp_sum. Header-only; bf16 itself is in bf16.h.
+// GPU is present, warp_sum, and the overlapped launch of consecutive kernels. Header-only; bf16 itself
+// is in bf16.h.
 #pragma once
 
 #ifdef NANOVLLM_CUDA
 
 #include <cuda_runtime.h>
+
+#include <utility>
 
 #include "01_sequence/base/bf16.h"
 #include "01_sequence/base/common.h"
@@ -35,7 +38,58 @@ inline bool cuda_device_present() {
   return count > 0;
 }
 
+// Overlapped launches (programmatic dependent launch, sm_90 and later). A decode step is ~300 kernels in
+// a row, most of them a few microseconds long; between two of them the GPU drains the first grid, then
+// starts the second, and each such gap costs a few microseconds of idle SMs. A kernel launched with
+// launch_overlapped may start while the kernel before it on the stream is still finishing: its blocks
+// become resident as soon as every block of the previous kernel has called allow_next_kernel(), and
+// each of its threads calls wait_for_previous_kernel() before it reads anything the previous kernel
+// wrote (or writes anything it reads). That wait returns when the previous grid has completed and its
+// memory is visible, exactly the guarantee plain stream order gives. Kernels launched the ordinary way
+// (cuBLAS, the collectives) keep plain stream order on both sides. Works under CUDA graph capture.
+inline bool overlapped_launch_supported() {
+  // Asked once, of the device current at the first launch: the engine's GPUs are all of one kind.
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  return supported;
+}
+
+// kernel<<<grid, block, smem_bytes, stream>>>(args...), allowed to overlap the previous kernel's tail
+// (see above; the kernel must call wait_for_previous_kernel first). Checked like every launch.
+template <class... KernelArgs, class... Args>
+void launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem_bytes, config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = overlapped_launch_supported() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 #ifdef __CUDACC__
+
+// The two halves of an overlapped launch, for kernels launched with launch_overlapped (no-ops before
+// sm_90, and when the kernel was launched the ordinary way). wait_for_previous_kernel: returns once the
+// previous kernel on the stream has completed and its writes are visible; nothing the previous kernel
+// writes may be touched before it. allow_next_kernel: this block no longer holds the next kernel back
+// (called right after the wait: the next kernel's blocks may then take free SM slots and wait there).
+__device__ inline void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ inline void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
 
 // Sum over the lanes of a warp (every lane gets the total).
 __device__ inline float warp_sum(float v) {
