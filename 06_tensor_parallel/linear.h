@@ -139,6 +139,17 @@ bool linear_gemv_fits(const bf16* x, const bf16* W, int n, int in_features);
 void linear_gemv_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                       int out_features, cudaStream_t stream);
 
+// v4: our tensor-core GEMM with 64 x 64 tiles and split-K (linear_split_k.cu), for the decode batches
+// where cuBLAS's large tiles leave most SMs idle. splits blocks per output tile each add up a range of
+// in_features into an fp32 partial in `workspace` (splits * n * out_features floats), and a second kernel
+// adds the partials in split order. linear_split_k_splits: the split count it uses for a shape (enough
+// blocks for two per SM, each split at least 128 in_features deep, the partials within workspace_bytes).
+// Needs in_features % 8 == 0 and 16-byte aligned x and W (linear_split_k_fits).
+int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes);
+bool linear_split_k_fits(const bf16* x, const bf16* W, int n, int in_features);
+void linear_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                         int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 // v3: cuBLASLt with an algorithm chosen per shape by timing (nano-vllm leaves the choice to PyTorch, that
 // is to cuBLAS's heuristic). A shape is (device, n rounded up to a multiple of 16, in, out, output dtype,
 // pointer alignment): the batch sizes of one bucket share a choice, so eager decode does not time every n.
@@ -202,6 +213,8 @@ class CudaLinear {
  private:
   cublasHandle_t cublas_;
   cudaStream_t stream_;
+  void* workspace_;
+  size_t workspace_bytes_;
   CublasLtLinear lt_;
 };
 

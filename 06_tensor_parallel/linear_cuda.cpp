@@ -29,12 +29,18 @@ void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, 
 int linear_kernel_version = std::getenv("NANOVLLM_LINEAR_VERSION") ? std::atoi(std::getenv("NANOVLLM_LINEAR_VERSION")) : 2;
 
 CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes)
-    : cublas_(cublas), stream_(stream), lt_(stream, workspace, workspace_bytes) {}
+    : cublas_(cublas), stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes),
+      lt_(stream, workspace, workspace_bytes) {}
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
-  if (linear_kernel_version < 1 || linear_kernel_version > 3)
-    fail("linear kernel version ", linear_kernel_version, " does not exist (1, 2, 3; NANOVLLM_LINEAR_VERSION)");
+  if (linear_kernel_version < 1 || linear_kernel_version > 4)
+    fail("linear kernel version ", linear_kernel_version, " does not exist (1, 2, 3, 4; NANOVLLM_LINEAR_VERSION)");
   if (n == 0) return;
+  if (linear_kernel_version == 4 && n > kGemvFasterRows && n <= kTunedMaxRows &&
+      linear_split_k_fits(x, W, n, in_features)) {
+    linear_split_k_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
+    return;
+  }
   if (linear_kernel_version >= 2 && n <= kGemvFasterRows && linear_gemv_fits(x, W, n, in_features)) {
     linear_gemv_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;

@@ -106,6 +106,35 @@ TEST(Ch06_LinearCuda, GemvMatchesCpuUpTo16Rows) {  // v2
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+TEST(Ch06_LinearCuda, SplitKSplitsForOccupancyWithinTheWorkspace) {  // host logic only: no GPU needed
+  const size_t big = size_t(32) << 20;
+  EXPECT_EQ(linear_split_k_splits(256, 1024, 6144, big), 1);   // 4 x 96 = 384 tiles: enough already
+  EXPECT_EQ(linear_split_k_splits(256, 2048, 1024, big), 5);   // 64 tiles -> ceil(264 / 64) = 5 splits
+  EXPECT_EQ(linear_split_k_splits(1, 1024, 1024, big), 8);     // 16 tiles, at most 1024 / 128 splits
+  EXPECT_EQ(linear_split_k_splits(256, 96, 1024, big), 1);     // too shallow to split
+  EXPECT_EQ(linear_split_k_splits(256, 2048, 1024, size_t(3) * 256 * 1024 * 4), 3);  // partials must fit
+  alignas(16) static bf16 buffer[64];
+  EXPECT_TRUE(linear_split_k_fits(buffer, buffer, 300, 1024));
+  EXPECT_FALSE(linear_split_k_fits(buffer, buffer, 4, 100));
+  EXPECT_FALSE(linear_split_k_fits(buffer + 1, buffer, 4, 1024));
+}
+
+TEST(Ch06_LinearCuda, SplitKMatchesCpu) {  // v4
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(12);
+  CudaContext ctx;
+  const Project v4 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    linear_split_k_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
+  };
+  // Qwen3-0.6B's four layer projections at decode batches (split or not); ragged rows, outputs and
+  // in_features (96 = one and a half stages, 200 = 25 chunks); one row; more rows than one tile column.
+  for (int n : {1, 2, 17, 64, 256, 300})
+    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 1024, 6144},
+                    Shape{n, 96, 290}, Shape{n, 200, 33}})
+      expect_matches_cpu(v4, s, rng, "v4 (" + std::to_string(linear_split_k_splits(s.n, s.in, s.out, ctx.workspace.n)) + " splits)");
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+}
+
 TEST(Ch06_LinearCuda, CublasLtMatchesCpuAndRepeatsItsChoice) {  // v3
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);
@@ -147,7 +176,7 @@ TEST(Ch06_LinearCuda, EveryVersionThroughCudaLinear) {
     linear.run(y, fp32, x, W, s.n, s.in, s.out);
   };
   const int saved = linear_kernel_version;
-  for (int version : {1, 2, 3}) {
+  for (int version : {1, 2, 3, 4}) {
     linear_kernel_version = version;
     for (int n : {1, 5, 16, 17, 64, 600})  // v2's range, v3's, and above kTunedMaxRows (v1 always)
       expect_matches_cpu(run, Shape{n, 1024, 1536}, rng, "version " + std::to_string(version));
