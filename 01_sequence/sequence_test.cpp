@@ -99,6 +99,9 @@ TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
   c.tensor_parallel_size = 9;
   EXPECT_EQ(error_of([&] { c.validate(); }), "tensor_parallel_size must be in [1, 8], got 9");
   c = EngineConfig();
+  c.linear_version = 4;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "linear_version must be in [1, 3], got 4");
+  c = EngineConfig();
   c.device = "tpu";
   EXPECT_EQ(error_of([&] { c.validate(); }), "device must be cpu or cuda, got 'tpu'");
 }

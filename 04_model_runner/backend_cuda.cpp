@@ -32,7 +32,8 @@ float* f32(const Tensor& t) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device_id, int attention_version) : device_id_(device_id), attention_version_(attention_version) {
+  CudaBackend(int device_id, int attention_version, int linear_version)
+      : device_id_(device_id), attention_version_(attention_version) {
     CUDA_CHECK(cudaSetDevice(device_id));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
@@ -42,7 +43,8 @@ class CudaBackend final : public Backend {
     // the cuBLAS documentation recommends on Hopper; the linear versions share it (one stream).
     cublas_workspace_ = Buffer(Device::CUDA, 32 << 20);
     cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes());
-    linear_ = std::make_unique<CudaLinear>(cublas_, stream_, cublas_workspace_.data(), cublas_workspace_.bytes());
+    linear_ = std::make_unique<CudaLinear>(cublas_, stream_, cublas_workspace_.data(), cublas_workspace_.bytes(),
+                                           linear_version);
   }
   ~CudaBackend() override {
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
@@ -191,9 +193,9 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version) {
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version, int linear_version) {
   if (!cuda_available()) fail("--device cuda: no CUDA device is available");
-  return std::make_unique<CudaBackend>(device_id, attention_version);
+  return std::make_unique<CudaBackend>(device_id, attention_version, linear_version);
 }
 
 bool cuda_available() { return cuda_device_present(); }
@@ -212,7 +214,7 @@ int cuda_device_count() {
 #else  // built without CUDA
 
 namespace nanovllm {
-std::unique_ptr<Backend> make_cuda_backend(int, int) {
+std::unique_ptr<Backend> make_cuda_backend(int, int, int) {
   fail("--device cuda: this build has no CUDA support (nvcc was not found when it was built)");
 }
 bool cuda_available() { return false; }

@@ -43,7 +43,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
   for (int r = 0; r < tp_size; r++) {
     ranks_.push_back(std::make_unique<Rank>());
     ranks_.back()->rank = r;
-    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config.attention_version);
+    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config);
   }
   allocate_kv_cache(config);
   if (tp_size > 1 && device() == Device::CUDA) {
@@ -112,8 +112,9 @@ ModelRunner::ModelRunner(EngineConfig& config)
 }
 
 void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id,
-                            int attention_version) {
-  r.backend = device_id >= 0 ? make_cuda_backend(device_id, attention_version) : make_cpu_backend();
+                            const EngineConfig& config) {
+  r.backend = device_id >= 0 ? make_cuda_backend(device_id, config.attention_version, config.linear_version)
+                             : make_cpu_backend();
   r.model = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*r.backend, checkpoint_, mc, tp, r.rank), tp, r.rank);
   r.workspace = make_qwen3_workspace(*r.backend, mc, tp, max_tokens_, max_seqs_, max_model_len_);
   const AttentionShape shape = r.model->attention_shape(block_size_);

@@ -112,7 +112,13 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   v1  linear_cuda        one cublasGemmEx call, cuBLAS's default algorithm    (linear_cuda.cpp)
 //   v2  linear_gemv_cuda   our kernel for n <= 16: the weights streamed once     (linear_gemv.cu)
 //   v3  CublasLtLinear     cuBLASLt, the fastest of its candidates, timed per shape (linear_cublaslt.cpp)
-// CudaLinear, what the CUDA backend calls, picks one by n and linear_kernel_version.
+// CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
+//   --linear-version 1   v1 only
+//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above (the default: the fastest measured)
+//   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
+// cumulative, as 05_attention's kernel versions; the same binary measures each step of the ladder.
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 3, kLinearVersionDefault = 2;
+
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -182,27 +188,24 @@ class CublasLtLinear {
   size_t flush_bytes_ = 0;
 };
 
-// Which versions CudaLinear may use (NANOVLLM_LINEAR_VERSION, default 2), cumulative as 05_attention's
-// kernel versions: 1 = v1 only; 2 = v2 for n <= kGemvFasterRows, v1 above; 3 = 2, and v3 for
-// kGemvFasterRows < n <= kTunedMaxRows. Tests run each.
-extern int linear_kernel_version;
-
 // The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
 // cuBLAS's default does well, and prompts would bring too many distinct shapes to time each one.
 constexpr int kTunedMaxRows = 512;
 
-// The projection of the CUDA backend: v2, v3 or v1 by n and linear_kernel_version. `cublas` must be bound
-// to `stream` and to the same workspace (cublasSetStream, cublasSetWorkspace): the versions share it,
-// one after another on the one stream.
+// The projection of the CUDA backend: v2, v3 or v1 by n and `version` (kLinearVersionMin ..
+// kLinearVersionMax, see there). `cublas` must be bound to `stream` and to the same workspace
+// (cublasSetStream, cublasSetWorkspace): the versions share it, one after another on the one stream.
 class CudaLinear {
  public:
-  CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes,
+             int version = kLinearVersionDefault);
   void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 
  private:
   cublasHandle_t cublas_;
   cudaStream_t stream_;
   CublasLtLinear lt_;
+  int version_;
 };
 
 }  // namespace nanovllm
