@@ -317,7 +317,9 @@ ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context
   stage(r.staged.cu_seqlens_k, in.cu_seqlens_k);
   stage(r.staged.last_token_rows, in.last_token_rows);
   stage(r.staged.context_lens, in.context_lens);
-  r.backend->upload_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_storage.bytes())}),
+  // The mirror's bytes, not the device buffer's: the device layout is the mirror's followed by the
+  // sampled tokens, which have no host twin (copying the device size read past the mirror's end).
+  r.backend->upload_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
                           r.step_staging.data());
 
   ForwardInputs f;
