@@ -51,6 +51,7 @@ int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams
   // different for every request.
   uint64_t seed = params.seed ? *params.seed : mix64(config_.seed ^ mix64(uint64_t(id)));
   auto seq = std::make_unique<Sequence>(id, std::move(prompt), params, seed, config_.kvcache_block_size);
+  seq->times.arrival = std::chrono::steady_clock::now();
   scheduler_->add(seq.get());
   next_seq_id_++;
   sequences_[id] = std::move(seq);
@@ -76,7 +77,9 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
            "; the checkpoint's weights may hold NaN or Inf");
   scheduler_->postprocess(seqs, tokens, is_prefill);
 
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The step's tokens exist from here on: this one clock read times the step and stamps its requests.
+  const auto t1 = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(t1 - t0).count();
   stats_.steps++;
   if (is_prefill) {
     stats_.prefill_steps++, stats_.prefill_tokens += scheduled_tokens, stats_.prefill_seconds += seconds;
@@ -88,13 +91,19 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
 
   std::vector<GenerateOutput> finished;
   for (Sequence* s : seqs) {
+    // The first completion token: after the prefill step (or last chunk) of the prompt. A preempted
+    // sequence keeps its tokens and this time; its recompute makes no new first token.
+    if (s->num_completion_tokens() > 0 && s->times.first_token == std::chrono::steady_clock::time_point())
+      s->times.first_token = t1;
     if (!s->is_finished()) continue;
+    s->times.finished = t1;
     GenerateOutput out;
     out.seq_id = s->seq_id;
     out.prompt_token_ids.assign(s->token_ids.begin(), s->token_ids.begin() + s->num_prompt_tokens);
     out.token_ids = s->completion_token_ids();
     out.num_prefix_hit_blocks = s->num_prefix_hit_blocks;
     out.num_preemptions = s->num_preemptions;
+    out.times = s->times;
     if (tokenizer_) out.text = tokenizer_->decode(out.token_ids, /*skip_unknown=*/true);  // ids past the tokenizer: ""
     finished.push_back(std::move(out));
     sequences_.erase(s->seq_id);

@@ -33,6 +33,7 @@ struct GenerateOutput {
                                    // decode to nothing), when a tokenizer is loaded
   int num_prefix_hit_blocks = 0;   // blocks of this request found in the prefix cache
   int num_preemptions = 0;
+  RequestTimes times;              // arrival, first completion token, finish (steady clock)
 };
 
 // Totals over the engine's life, for the progress line, --trace and benchmarks.

@@ -8,6 +8,7 @@
 // Prefix hits, chunked prefill, decode and recompute after preemption are all that one case.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -17,6 +18,14 @@
 namespace nanovllm {
 
 enum class SequenceStatus { WAITING, RUNNING, FINISHED };
+
+// When a request arrived (LLMEngine::add_request), got its first completion token and finished, on the
+// steady clock: what a serving user waits for (bench reports time to first token and time per output
+// token from them, 01_sequence/cli/serving_metrics.h). LLMEngine::step sets the last two from the one
+// clock read that ends each step; a default time_point means "not yet".
+struct RequestTimes {
+  std::chrono::steady_clock::time_point arrival, first_token, finished;
+};
 
 class Sequence {
  public:
@@ -70,6 +79,7 @@ class Sequence {
   // Counters for readers (the article's first exercise prints the first one).
   int num_prefix_hit_blocks = 0;  // blocks found in the prefix cache, over all (re)allocations
   int num_preemptions = 0;
+  RequestTimes times;             // set by the engine, not by the scheduler
 };
 
 }  // namespace nanovllm

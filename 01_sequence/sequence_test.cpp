@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <map>
+
+#include "01_sequence/cli/serving_metrics.h"
 #include "01_sequence/engine_config.h"
 #include "01_sequence/llm_engine.h"
 #include "tests/test_util.h"
@@ -95,6 +99,9 @@ TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
   c.tensor_parallel_size = 9;
   EXPECT_EQ(error_of([&] { c.validate(); }), "tensor_parallel_size must be in [1, 8], got 9");
   c = EngineConfig();
+  c.linear_version = 5;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "linear_version must be in [1, 4], got 5");
+  c = EngineConfig();
   c.device = "tpu";
   EXPECT_EQ(error_of([&] { c.validate(); }), "device must be cpu or cuda, got 'tpu'");
 }
@@ -125,6 +132,80 @@ TEST(Ch01_LLMEngine, GenerateReturnsOutputsInPromptOrder) {
   EXPECT_EQ(both[0].prompt_token_ids, a);
   EXPECT_EQ(both[1].prompt_token_ids, b);
   EXPECT_EQ(both[1].token_ids, alone[0].token_ids);
+}
+
+TEST(Ch01_LLMEngine, RequestTimesComeFromTheStepsThatMadeTheTokens) {
+  // A token budget of 16 (chunked prefill, scheduler.cpp): A (5 tokens) is prefilled in step 1; B (40
+  // tokens) cannot join it and is prefilled alone in chunks of 16, 16 and 8, steps 2 to 4, its first
+  // token coming with the last chunk; then decode: step 5 gives both their second token (B, max_tokens
+  // 2, finishes), step 6 gives A its third (A finishes). Each time the engine stamps must fall inside
+  // the step that made the token, which the test times from outside.
+  EngineConfig config = tiny_engine();
+  config.max_num_batched_tokens = 16;
+  LLMEngine engine(config);
+  SamplingParams three = greedy(3), two = greedy(2);
+  three.ignore_eos = two.ignore_eos = true;  // a sampled EOS must not end a request early
+  std::vector<int32_t> b_prompt(40);
+  for (int i = 0; i < 40; i++) b_prompt[size_t(i)] = 100 + i;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point added = Clock::now();
+  engine.add_request({1, 2, 3, 4, 5}, three);
+  engine.add_request(b_prompt, two);
+  const Clock::time_point queued = Clock::now();
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> step_times;  // [start, end] of steps 1, 2, ...
+  std::map<int64_t, GenerateOutput> done;
+  std::map<int64_t, size_t> finished_in;  // request -> the step (1-based) that returned it
+  while (!engine.is_finished()) {
+    const Clock::time_point start = Clock::now();
+    auto [finished, num_tokens] = engine.step();
+    step_times.push_back({start, Clock::now()});
+    for (GenerateOutput& o : finished) finished_in[o.seq_id] = step_times.size(), done[o.seq_id] = std::move(o);
+  }
+  ASSERT_EQ(step_times.size(), 6u);
+  EXPECT_EQ(finished_in, (std::map<int64_t, size_t>{{0, 6}, {1, 5}}));
+  auto in_step = [&](Clock::time_point t, size_t step) {
+    return step_times[step - 1].first <= t && t <= step_times[step - 1].second;
+  };
+  for (const auto& [id, o] : done) {
+    EXPECT_TRUE(added <= o.times.arrival && o.times.arrival <= queued) << "request " << id;
+    EXPECT_TRUE(in_step(o.times.finished, finished_in[id])) << "request " << id;
+  }
+  EXPECT_TRUE(in_step(done[0].times.first_token, 1));  // A: its prefill step
+  EXPECT_TRUE(in_step(done[1].times.first_token, 4));  // B: its last chunk, not its first
+}
+
+TEST(Ch01_LLMEngine, ServingMetricsOfARunStayInsideItsWallTime) {
+  // Over a generate() of requests of different lengths: every request's TTFT and its whole latency are
+  // within generate()'s wall time, and a 99th percentile is never below the median.
+  LLMEngine engine(tiny_engine());
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 6; i++) {
+    prompts.push_back(std::vector<int32_t>(size_t(3 + 7 * i), 10 + i));
+    params.push_back(greedy(2 + 3 * i));
+    params.back().ignore_eos = true;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<RequestTiming> timings;
+  for (const GenerateOutput& o : outputs) {
+    auto since_t0 = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+    timings.push_back({since_t0(o.times.arrival), since_t0(o.times.first_token), since_t0(o.times.finished),
+                       int(o.token_ids.size())});
+    const RequestTiming& r = timings.back();
+    EXPECT_TRUE(0 <= r.arrival && r.arrival < r.first_token && r.first_token < r.finished && r.finished <= wall)
+        << "request " << o.seq_id << ": " << r.arrival << " " << r.first_token << " " << r.finished << " of " << wall;
+  }
+  const ServingMetrics m = serving_metrics(timings);
+  EXPECT_EQ(m.requests, 6);
+  EXPECT_EQ(m.tpot_requests, 6);  // every request outputs at least 2 tokens
+  EXPECT_GT(m.ttft_median, 0);
+  EXPECT_LE(m.ttft_median, m.ttft_p99);
+  EXPECT_LE(m.ttft_p99, wall);
+  EXPECT_GT(m.tpot_median, 0);
+  EXPECT_LE(m.tpot_median, m.tpot_p99);
+  EXPECT_LE(m.tpot_p99, wall);
 }
 
 TEST(Ch01_LLMEngine, AddRequestRefusesIdsOutsideTheVocabulary) {

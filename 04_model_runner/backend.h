@@ -60,9 +60,14 @@ class Backend {
   virtual DType act_dtype() const = 0;
   DType weight_dtype() const { return act_dtype(); }
 
-  // Host <-> device copies of a whole tensor.
+  // Host <-> device copies of a whole tensor; `host` may be reused as soon as they return.
   virtual void upload(const Tensor& dst, const void* host) = 0;
   virtual void download(void* host, const Tensor& src) = 0;
+  // The same upload, queued: on the GPU, from pinned memory (Buffer), a DMA ordered before the work queued
+  // after it, and the call returns at once. `host` must not be written again until wait_for_upload_async()
+  // returns, which waits for the last such copy. On the CPU: upload, and nothing to wait for.
+  virtual void upload_async(const Tensor& dst, const void* host) { upload(dst, host); }
+  virtual void wait_for_upload_async() {}
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
   // Device memory: free and total bytes (the CPU reports 0, 0).
@@ -136,9 +141,9 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend();
 
 // The GPU backend on CUDA device `device_id` (only in builds with CUDA), running attention kernel
-// `attention_version` (05_attention/attention.h; -1: each phase's fastest). Throws Error when there is
-// no GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1);
+// `attention_version` (05_attention/attention.h; -1: each phase's fastest) and the projections of
+// `linear_version` (06_tensor_parallel/linear.h; 1 to 4). Throws Error when there is no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1, int linear_version = 2);
 // True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();
 int cuda_device_count();

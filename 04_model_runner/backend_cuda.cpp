@@ -32,21 +32,25 @@ float* f32(const Tensor& t) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device_id, int attention_version) : device_id_(device_id), attention_version_(attention_version) {
+  CudaBackend(int device_id, int attention_version, int linear_version)
+      : device_id_(device_id), attention_version_(attention_version) {
     CUDA_CHECK(cudaSetDevice(device_id));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
     cublasSetStream(cublas_, stream_);
     // A workspace of our own: cuBLAS must not allocate while a CUDA graph is being captured. 32 MiB, as
     // the cuBLAS documentation recommends on Hopper; the linear versions share it (one stream).
     cublas_workspace_ = Buffer(Device::CUDA, 32 << 20);
     cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes());
-    linear_ = std::make_unique<CudaLinear>(cublas_, stream_, cublas_workspace_.data(), cublas_workspace_.bytes());
+    linear_ = std::make_unique<CudaLinear>(cublas_, stream_, cublas_workspace_.data(), cublas_workspace_.bytes(),
+                                           linear_version);
   }
   ~CudaBackend() override {
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
     linear_.reset();  // before the handle, the workspace and the stream it uses
     cublasDestroy(cublas_);
+    cudaEventDestroy(upload_done_);
     cudaStreamDestroy(stream_);
   }
 
@@ -58,6 +62,11 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // `host` may be reused as soon as we return
   }
+  void upload_async(const Tensor& dst, const void* host) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(upload_done_, stream_));  // when the DMA has read `host`
+  }
+  void wait_for_upload_async() override { CUDA_CHECK(cudaEventSynchronize(upload_done_)); }
   void download(void* host, const Tensor& src) override {
     CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -174,6 +183,7 @@ class CudaBackend final : public Backend {
  private:
   int device_id_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t upload_done_ = nullptr;  // recorded after each upload_async
   int attention_version_;  // 05_attention/attention.h; kAttentionVersionDefault: each phase's fastest kernel
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
@@ -183,9 +193,9 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version) {
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version, int linear_version) {
   if (!cuda_available()) fail("--device cuda: no CUDA device is available");
-  return std::make_unique<CudaBackend>(device_id, attention_version);
+  return std::make_unique<CudaBackend>(device_id, attention_version, linear_version);
 }
 
 bool cuda_available() { return cuda_device_present(); }
@@ -204,7 +214,7 @@ int cuda_device_count() {
 #else  // built without CUDA
 
 namespace nanovllm {
-std::unique_ptr<Backend> make_cuda_backend(int, int) {
+std::unique_ptr<Backend> make_cuda_backend(int, int, int) {
   fail("--device cuda: this build has no CUDA support (nvcc was not found when it was built)");
 }
 bool cuda_available() { return false; }

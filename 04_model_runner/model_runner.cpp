@@ -43,7 +43,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
   for (int r = 0; r < tp_size; r++) {
     ranks_.push_back(std::make_unique<Rank>());
     ranks_.back()->rank = r;
-    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config.attention_version);
+    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config);
   }
   allocate_kv_cache(config);
   if (tp_size > 1 && device() == Device::CUDA) {
@@ -112,18 +112,21 @@ ModelRunner::ModelRunner(EngineConfig& config)
 }
 
 void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id,
-                            int attention_version) {
-  r.backend = device_id >= 0 ? make_cuda_backend(device_id, attention_version) : make_cpu_backend();
+                            const EngineConfig& config) {
+  r.backend = device_id >= 0 ? make_cuda_backend(device_id, config.attention_version, config.linear_version)
+                             : make_cpu_backend();
   r.model = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*r.backend, checkpoint_, mc, tp, r.rank), tp, r.rank);
   r.workspace = make_qwen3_workspace(*r.backend, mc, tp, max_tokens_, max_seqs_, max_model_len_);
   const AttentionShape shape = r.model->attention_shape(block_size_);
   r.attention_scratch = Buffer(r.backend->device(), r.backend->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
-  // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step).
+  // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step). For a
+  // GPU the host mirror is pinned, so that the upload is a DMA queued on the stream (upload_async).
   r.step_storage = Arena::carve(r.backend->device(), [&](Arena& a) {
     r.step = carve_step_tensors(a);
     r.tokens = a.take(DType::I32, {max_seqs_});
   });
-  r.step_staging = Arena::carve(Device::CPU, [&](Arena& a) { r.staged = carve_step_tensors(a); });
+  const bool pinned = r.backend->device() == Device::CUDA;
+  r.step_staging = Arena::carve(Device::CPU, [&](Arena& a) { r.staged = carve_step_tensors(a); }, pinned);
 }
 
 void ModelRunner::wrap_backend(const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)>& wrap) {
@@ -297,7 +300,14 @@ void stage(const Tensor& host, const std::vector<T>& values) {
 ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context_len) {
   const int T = in.num_tokens(), B = in.num_seqs();
   if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
-  // Fill the host mirror, then copy it to the device in one transfer.
+  // Fill the host mirror, then copy it to the device in one transfer. The copy is asynchronous (on the
+  // GPU a DMA from pinned memory that runs after upload returns), so the last one may still be reading
+  // the mirror: wait for it before writing. In a step this wait returns at once, because the previous
+  // run() ended only after its tokens were downloaded (which synchronises rank 0's stream, and the copy
+  // was queued on it before the forward pass) and after every other rank synchronised its stream. It
+  // matters where uploads follow each other with no synchronisation between them: the constructor's
+  // warm-up of every batch size before the ranks are joined.
+  r.backend->wait_for_upload_async();
   stage(r.staged.input_ids, in.input_ids);
   stage(r.staged.positions, in.positions);
   stage(r.staged.slot_mapping, in.slot_mapping);
@@ -307,8 +317,10 @@ ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context
   stage(r.staged.cu_seqlens_k, in.cu_seqlens_k);
   stage(r.staged.last_token_rows, in.last_token_rows);
   stage(r.staged.context_lens, in.context_lens);
-  r.backend->upload(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_storage.bytes())}),
-                    r.step_staging.data());
+  // The mirror's bytes, not the device buffer's: the device layout is the mirror's followed by the
+  // sampled tokens, which have no host twin (copying the device size read past the mirror's end).
+  r.backend->upload_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
+                          r.step_staging.data());
 
   ForwardInputs f;
   f.input_ids = r.step.input_ids.slice_rows(0, T);

@@ -104,8 +104,9 @@ class ModelRunner {
 
   StepTensors carve_step_tensors(Arena& arena) const;
   size_t allocated_bytes() const;  // weights, buffers and KV cache of every rank
-  // device_id: the CUDA device of this rank, or -1 for the CPU.
-  void load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id, int attention_version);
+  // device_id: the CUDA device of this rank, or -1 for the CPU (which ignores the kernel versions of config).
+  void load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id,
+                 const EngineConfig& config);
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void pad_decode(StepInputs& in, int batch_size) const;

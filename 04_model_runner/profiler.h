@@ -40,6 +40,8 @@ class ProfiledBackend final : public Backend {
   DType act_dtype() const override { return inner_->act_dtype(); }
   void upload(const Tensor& dst, const void* host) override { inner_->upload(dst, host); }
   void download(void* host, const Tensor& src) override { inner_->download(host, src); }
+  void upload_async(const Tensor& dst, const void* host) override { inner_->upload_async(dst, host); }
+  void wait_for_upload_async() override { inner_->wait_for_upload_async(); }
   void synchronize() override { inner_->synchronize(); }
   void memory_info(size_t* free_bytes, size_t* total_bytes) const override { inner_->memory_info(free_bytes, total_bytes); }
   bool supports_graphs() const override { return inner_->supports_graphs(); }

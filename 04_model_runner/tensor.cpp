@@ -9,8 +9,23 @@
 
 namespace nanovllm {
 
-Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
+Buffer::Buffer(Device device, size_t bytes, bool pinned) : bytes_(bytes), device_(device), pinned_(pinned) {
+  if (pinned && device != Device::CPU) fail("internal: only host memory can be pinned");
   if (bytes == 0) return;
+  if (pinned) {
+#ifdef NANOVLLM_CUDA
+    // Portable: pinned for every GPU's context, whichever device is current.
+    cudaError_t err = cudaHostAlloc(&data_, bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      data_ = nullptr;
+      (void)cudaGetLastError();
+      fail("cannot allocate ", bytes >> 20, " MiB of pinned host memory (", cudaGetErrorString(err), ")");
+    }
+    return;
+#else
+    fail("internal: pinned host memory needs a build with CUDA");
+#endif
+  }
   if (device == Device::CPU) {
     data_ = std::aligned_alloc(256, (bytes + 255) / 256 * 256);  // a multiple of the alignment
     if (!data_) fail("out of host memory allocating ", bytes >> 20, " MiB");
@@ -30,7 +45,11 @@ Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
 
 void Buffer::release() {
   if (!data_) return;
-  if (device_ == Device::CPU) {
+  if (pinned_) {
+#ifdef NANOVLLM_CUDA
+    cudaFreeHost(data_);
+#endif
+  } else if (device_ == Device::CPU) {
     std::free(data_);
   } else {
 #ifdef NANOVLLM_CUDA
@@ -49,6 +68,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = other.data_;
     bytes_ = other.bytes_;
     device_ = other.device_;
+    pinned_ = other.pinned_;
     other.data_ = nullptr;
     other.bytes_ = 0;
   }

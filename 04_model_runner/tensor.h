@@ -16,10 +16,13 @@ namespace nanovllm {
 enum class Device { CPU, CUDA };
 
 // Bytes owned on one device: malloc'd host memory or cudaMalloc'd GPU memory. Move-only.
+// `pinned` host memory (cudaHostAlloc, CUDA builds only) is page-locked: the GPU copies from it by DMA,
+// asynchronously, where a copy from ordinary (pageable) memory first goes through a bounce buffer of the
+// driver and returns only when the host side is done.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Device device, size_t bytes);  // throws Error when out of memory
+  Buffer(Device device, size_t bytes, bool pinned = false);  // throws Error when out of memory
   ~Buffer();
   Buffer(Buffer&& other) noexcept { *this = static_cast<Buffer&&>(other); }
   Buffer& operator=(Buffer&& other) noexcept;
@@ -35,6 +38,7 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_ = Device::CPU;
+  bool pinned_ = false;
 };
 
 // A contiguous, row-major view: up to 4 dimensions of one dtype on one device.
@@ -71,10 +75,10 @@ struct Tensor {
 class Arena {
  public:
   template <class Layout>
-  static Buffer carve(Device device, Layout&& layout) {
-    Arena measure(device, 0, /*measuring=*/true);
+  static Buffer carve(Device device, Layout&& layout, bool pinned = false) {
+    Arena measure(device, 0, /*measuring=*/true, pinned);
     layout(measure);
-    Arena arena(device, measure.used_, false);
+    Arena arena(device, measure.used_, false, pinned);
     layout(arena);
     return std::move(arena.buffer_);
   }
@@ -82,8 +86,8 @@ class Arena {
   Tensor take(DType dtype, std::initializer_list<int64_t> dims);
 
  private:
-  Arena(Device device, size_t bytes, bool measuring)
-      : buffer_(measuring ? Buffer() : Buffer(device, bytes)), device_(device), measuring_(measuring) {}
+  Arena(Device device, size_t bytes, bool measuring, bool pinned)
+      : buffer_(measuring ? Buffer() : Buffer(device, bytes, pinned)), device_(device), measuring_(measuring) {}
   static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
   Buffer buffer_;

@@ -75,7 +75,7 @@
 // the 8 rows of any matrix (8 consecutive rows) land on 8 different 16-byte bank groups. Rows of 16
 // chunks keep the XOR inside each half (it only flips the 3 low bits).
 #include "05_attention/kernels.cuh"
-#include "05_attention/ptx.cuh"
+#include "01_sequence/base/ptx.cuh"
 #include "05_attention/softmax.cuh"
 
 namespace nanovllm {

@@ -16,7 +16,7 @@
 //           flight per SM.
 // Measured: see NOTES.md (slower than v2: the pipeline does not shorten v2's arithmetic, which v9 does).
 #include "05_attention/gqa_tile.cuh"
-#include "05_attention/ptx.cuh"
+#include "01_sequence/base/ptx.cuh"
 
 namespace nanovllm {
 namespace {

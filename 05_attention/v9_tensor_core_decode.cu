@@ -44,7 +44,7 @@
 //   of row r lives in lanes with t4 = r / 2: rescaling O fetches alpha of rows 2 t4 and 2 t4 + 1 from
 //   lanes 8 t4 and 8 t4 + 4 (two shuffles per tile).
 #include "05_attention/kernels.cuh"
-#include "05_attention/ptx.cuh"
+#include "01_sequence/base/ptx.cuh"
 #include "05_attention/softmax.cuh"
 
 namespace nanovllm {

@@ -107,12 +107,20 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 
 // ---------------------------------------------------------------------------------------------------
 // CUDA: y (n, out) = x (n, in) @ W (out, in)^T with x and W bf16 (rows contiguous), fp32 accumulation,
-// y bf16 (activations) or fp32 (logits). Three versions, each tested against linear_cpu (prediction and
+// y bf16 (activations) or fp32 (logits). Four versions, each tested against linear_cpu (prediction and
 // measurement in 04_model_runner/NOTES.md):
 //   v1  linear_cuda        one cublasGemmEx call, cuBLAS's default algorithm    (linear_cuda.cpp)
 //   v2  linear_gemv_cuda   our kernel for n <= 16: the weights streamed once     (linear_gemv.cu)
 //   v3  CublasLtLinear     cuBLASLt, the fastest of its candidates, timed per shape (linear_cublaslt.cpp)
-// CudaLinear, what the CUDA backend calls, picks one by n and linear_kernel_version.
+//   v4  linear_split_k_cuda  our tensor-core GEMM, 64 x 64 tiles and split-K   (linear_split_k.cu)
+// CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
+//   --linear-version 1   v1 only
+//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above (the default: the fastest measured)
+//   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
+//   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
+// cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 4, kLinearVersionDefault = 2;
+
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -193,21 +201,17 @@ class CublasLtLinear {
   size_t flush_bytes_ = 0;
 };
 
-// Which versions CudaLinear may use (NANOVLLM_LINEAR_VERSION, default 2), cumulative as 05_attention's
-// kernel versions: 1 = v1 only; 2 = v2 for n <= kGemvFasterRows, v1 above; 3 = 2, and v3 for
-// kGemvFasterRows < n <= kTunedMaxRows. Tests run each.
-extern int linear_kernel_version;
-
 // The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
 // cuBLAS's default does well, and prompts would bring too many distinct shapes to time each one.
 constexpr int kTunedMaxRows = 512;
 
-// The projection of the CUDA backend: v2, v3 or v1 by n and linear_kernel_version. `cublas` must be bound
-// to `stream` and to the same workspace (cublasSetStream, cublasSetWorkspace): the versions share it,
-// one after another on the one stream.
+// The projection of the CUDA backend: v2, v3, v4 or v1 by n and `version` (kLinearVersionMin ..
+// kLinearVersionMax, see there). `cublas` must be bound to `stream` and to the same workspace
+// (cublasSetStream, cublasSetWorkspace): the versions share it, one after another on the one stream.
 class CudaLinear {
  public:
-  CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes);
+  CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes,
+             int version = kLinearVersionDefault);
   void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 
  private:
@@ -216,6 +220,7 @@ class CudaLinear {
   void* workspace_;
   size_t workspace_bytes_;
   CublasLtLinear lt_;
+  int version_;
 };
 
 }  // namespace nanovllm

@@ -6,8 +6,6 @@
 // (column-major (in, out), used transposed) and B = x (column-major (in, n), used as is),
 // C = y (column-major (out, n)). No copy, no transpose kernel.
 #ifdef NANOVLLM_CUDA
-#include <cstdlib>
-
 #include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
@@ -25,27 +23,25 @@ void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, 
          out_features, " x ", in_features, ")^T");
 }
 
-// 2 by default: v3 (cuBLASLt, timed) measured no faster than cuBLAS's own choice on the H200 (NOTES).
-int linear_kernel_version = std::getenv("NANOVLLM_LINEAR_VERSION") ? std::atoi(std::getenv("NANOVLLM_LINEAR_VERSION")) : 2;
-
-CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes)
+CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes,
+                       int version)
     : cublas_(cublas), stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes),
-      lt_(stream, workspace, workspace_bytes) {}
+      lt_(stream, workspace, workspace_bytes), version_(version) {
+  if (version < kLinearVersionMin || version > kLinearVersionMax)
+    fail("linear version ", version, " does not exist (", kLinearVersionMin, " to ", kLinearVersionMax, ")");
+}
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
-  if (linear_kernel_version < 1 || linear_kernel_version > 4)
-    fail("linear kernel version ", linear_kernel_version, " does not exist (1, 2, 3, 4; NANOVLLM_LINEAR_VERSION)");
   if (n == 0) return;
-  if (linear_kernel_version == 4 && n > kGemvFasterRows && n <= kTunedMaxRows &&
-      linear_split_k_fits(x, W, n, in_features)) {
+  if (version_ == 4 && n > kGemvFasterRows && n <= kTunedMaxRows && linear_split_k_fits(x, W, n, in_features)) {
     linear_split_k_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
     return;
   }
-  if (linear_kernel_version >= 2 && n <= kGemvFasterRows && linear_gemv_fits(x, W, n, in_features)) {
+  if (version_ >= 2 && n <= kGemvFasterRows && linear_gemv_fits(x, W, n, in_features)) {
     linear_gemv_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;
   }
-  if (linear_kernel_version >= 3 && n <= kTunedMaxRows &&
+  if (version_ >= 3 && n <= kTunedMaxRows &&
       lt_.run(y, y_is_fp32, x, W, n, in_features, out_features))
     return;
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);

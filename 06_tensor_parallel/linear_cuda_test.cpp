@@ -171,26 +171,24 @@ TEST(Ch06_LinearCuda, EveryVersionThroughCudaLinear) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(12);
   CudaContext ctx;
-  CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n);
-  const Project run = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
-    linear.run(y, fp32, x, W, s.n, s.in, s.out);
-  };
-  const int saved = linear_kernel_version;
-  for (int version : {1, 2, 3, 4}) {
-    linear_kernel_version = version;
+  for (int version = kLinearVersionMin; version <= kLinearVersionMax; version++) {
+    CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, version);
+    const Project run = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+      linear.run(y, fp32, x, W, s.n, s.in, s.out);
+    };
     for (int n : {1, 5, 16, 17, 64, 600})  // v2's range, v3's, and above kTunedMaxRows (v1 always)
       expect_matches_cpu(run, Shape{n, 1024, 1536}, rng, "version " + std::to_string(version));
   }
-  linear_kernel_version = saved;
+  // A version that does not exist is refused when the backend is built, not at the first projection.
+  for (int version : {kLinearVersionMin - 1, kLinearVersionMax + 1})
+    EXPECT_THROW(CudaLinear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, version), Error) << version;
 }
 
 TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(13);
   CudaContext ctx;
-  CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n);
-  const int saved = linear_kernel_version;
-  linear_kernel_version = 3;
+  CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, /*version=*/3);
   // A shape of its own (no other test chooses for it): warmed up eagerly at n = 48 (v3 chooses), then
   // captured at n = 48 (the choice), n = 80 (new in capture: v1) and n = 4 (v2).
   const int in = 512, out = 768;
@@ -229,7 +227,6 @@ TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
 
   linear.run(ys[1]->ptr, false, xs[1]->ptr, d_w.ptr, rows[1], in, out);  // n = 80 eagerly: now it is chosen
   EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + 1);
-  linear_kernel_version = saved;
 }
 
 #else

@@ -21,7 +21,7 @@
 // linear_cpu. Prediction and measurement: 04_model_runner/NOTES.md.
 #include <cstdint>
 
-#include "05_attention/ptx.cuh"
+#include "01_sequence/base/ptx.cuh"
 #include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {

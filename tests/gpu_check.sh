@@ -36,7 +36,7 @@ for phase in $phases; do
         done
       done ;;
     bench)
-      $B/nanovllm bench --random qwen3-0.6b 2>&1 | tee "$out/bench.log" | grep -E "Total|prefill steps|decode reads"
+      $B/nanovllm bench --random qwen3-0.6b 2>&1 | tee "$out/bench.log" | grep -E "Total|TTFT|prefill steps|decode reads"
       $B/nanovllm bench --random qwen3-0.6b --profile > "$out/bench-profile.log" 2>&1
       grep -E "attention|linear|kernels|Total" "$out/bench-profile.log" ;;
     step)

@@ -6,12 +6,15 @@
 // request; throughput = total max_tokens / wall time of generate(). Python's `random` is MT19937 seeded
 // by init_by_array([0]), and randint draws by rejection from getrandbits; PythonRandom below is the same
 // generator, so the workload is the same token for token: 142,827 prompt and 133,966 output tokens.
+// Beside throughput it reports what a serving user reads, time to first token and time per output token
+// (serving_metrics.h), from the times the engine stamps on each request (RequestTimes).
 #include <chrono>
 #include <cstdio>
 #include <map>
 
 #include "01_sequence/base/files.h"
 #include "01_sequence/cli/flags.h"
+#include "01_sequence/cli/serving_metrics.h"
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
@@ -156,6 +159,7 @@ int cmd_bench(const Flags& flags) {
   config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
+  config.linear_version = linear_version_from(flags);
   config.trace = flags.has("trace");
   config.seed = flags.get_uint64("seed", 0);
 
@@ -192,6 +196,16 @@ int cmd_bench(const Flags& flags) {
 
   std::printf("Total: %lldtok, Time: %.2fs, Throughput: %.2ftok/s\n", (long long)output_tokens, seconds,
               double(output_tokens) / seconds);
+  // Every request arrived when generate() queued it, at t0 to within the queueing itself (bench.py: t = 0).
+  auto since_t0 = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+  std::vector<RequestTiming> timings;
+  for (const GenerateOutput& o : outputs)
+    timings.push_back({since_t0(o.times.arrival), since_t0(o.times.first_token), since_t0(o.times.finished),
+                       int(o.token_ids.size())});
+  const ServingMetrics m = serving_metrics(timings);
+  std::printf("TTFT (time to first token): median %.1f ms, p99 %.1f ms; TPOT (time per output token): median %.2f ms, "
+              "p99 %.2f ms; over %d requests arriving at t=0\n",
+              1e3 * m.ttft_median, 1e3 * m.ttft_p99, 1e3 * m.tpot_median, 1e3 * m.tpot_p99, m.requests);
   std::printf("prompt tokens %lld, prefill steps %lld (%.2f s); %lld decode steps (%.2f s, %.2f ms/step)\n",
               (long long)prompt_tokens, (long long)(s.prefill_steps - before.prefill_steps), prefill_seconds,
               (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
@@ -231,6 +245,7 @@ int cmd_bench_step(const Flags& flags) {
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
+  config.linear_version = linear_version_from(flags);
   config.validate();
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();

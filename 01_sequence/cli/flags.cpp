@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "05_attention/attention.h"
+#include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
 
@@ -109,6 +110,10 @@ uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {
 int attention_version_from(const Flags& flags) {
   return int(flags.get_int("attention-version", kAttentionVersionDefault, kAttentionVersionDefault,
                            int(attention_versions().size()) - 1));
+}
+
+int linear_version_from(const Flags& flags) {
+  return int(flags.get_int("linear-version", kLinearVersionDefault, kLinearVersionMin, kLinearVersionMax));
 }
 
 }  // namespace nanovllm

@@ -1,6 +1,7 @@
-// ptx.cuh: the inline-PTX instructions of v5_tensor_core_prefill.cu, v6_pipelined_decode.cu and v9, one
-// wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync m16n8k16). v5's header comment gives the
-// fragment layouts ldmatrix and mma use.
+// ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5, v6 and v9,
+// 06_tensor_parallel's linear_split_k.cu), one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
+// m16n8k16). Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the
+// fragment layouts ldmatrix and mma use. Here, in base, because two chapters use them.
 #pragma once
 
 #include <cstdint>
