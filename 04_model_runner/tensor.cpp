@@ -24,7 +24,7 @@ Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
     fail("out of GPU memory allocating ", bytes >> 20, " MiB (", cudaGetErrorString(err), ")");
   }
 #else
-  fail("this build has no CUDA support (nvcc was not found at build time)");
+  fail("this build has no CUDA support (it was built without nvcc)");
 #endif
 }
 
