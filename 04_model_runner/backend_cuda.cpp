@@ -215,7 +215,7 @@ int cuda_device_count() {
 
 namespace nanovllm {
 std::unique_ptr<Backend> make_cuda_backend(int, int, int) {
-  fail("--device cuda: this build has no CUDA support (nvcc was not found when it was built)");
+  fail("--device cuda: this build has no CUDA support (it was built without nvcc)");
 }
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }

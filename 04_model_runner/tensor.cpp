@@ -39,7 +39,7 @@ Buffer::Buffer(Device device, size_t bytes, bool pinned) : bytes_(bytes), device
     fail("out of GPU memory allocating ", bytes >> 20, " MiB (", cudaGetErrorString(err), ")");
   }
 #else
-  fail("this build has no CUDA support (nvcc was not found at build time)");
+  fail("this build has no CUDA support (it was built without nvcc)");
 #endif
 }
 

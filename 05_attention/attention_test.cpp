@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -246,18 +247,22 @@ std::vector<double> reference_for(const PagedBatch& p, int b) {
   return reference_attention(q, s.seqlen_q, s.data->k.data(), s.data->v.data(), s.seqlen_k, p.shape);
 }
 
-// Every prefill row against the reference, and the padding columns of out untouched.
+// Every prefill row against the reference (one assertion for all rows: a wrong kernel fails most of
+// them, and the summary names the worst and the first few), and the padding columns of out untouched.
 void expect_prefill_matches_reference(const PagedBatch& p, const std::vector<float>& out) {
+  test::MismatchSummary rows("query rows (relative error by row)");
   for (int b = 0; b < p.num_seqs(); b++) {
     std::vector<double> ref = reference_for(p, b);
     for (int i = 0; i < p.seqs[b].seqlen_q; i++) {
       const float* row = out.data() + size_t(p.cu_seqlens_q[b] + i) * p.out_stride;
-      double err = relative_error(row, ref.data() + size_t(i) * p.q_dim(), p.q_dim());
-      EXPECT_LE(err, kTol) << "sequence " << b << " (seqlen_k " << p.seqs[b].seqlen_k << ", seqlen_q "
-                           << p.seqs[b].seqlen_q << ") query row " << i;
+      rows.check(relative_error(row, ref.data() + size_t(i) * p.q_dim(), p.q_dim()), kTol, [&] {
+        return "sequence " + std::to_string(b) + " (seqlen_k " + std::to_string(p.seqs[b].seqlen_k) + ", seqlen_q " +
+               std::to_string(p.seqs[b].seqlen_q) + ") query row " + std::to_string(i);
+      });
       for (int64_t c = p.q_dim(); c < p.out_stride; c++) ASSERT_EQ(row[c], kGuard) << "out padding column " << c;
     }
   }
+  EXPECT_TRUE(rows.result());
 }
 
 }  // namespace
@@ -336,12 +341,13 @@ TEST(Ch05_Attention, OneKeyReturnsItsValue) {
   SeqData seq = random_seq(1, shape, rng);
   PagedBatch p = make_batch(shape, {{&seq, 1, 1}}, Layout::kScrambled, rng);
   std::vector<float> out = run_prefill(p), dec = run_decode(p);
+  std::vector<float> expected;  // (num_heads, head_dim): query head h reads KV head h / 2
   for (int h = 0; h < shape.num_heads; h++)
-    for (int d = 0; d < shape.head_dim; d++) {
-      const float expected = seq.v[size_t(h / 2) * shape.head_dim + d];
-      EXPECT_NEAR(out[size_t(h) * shape.head_dim + d], expected, 1e-6f) << "prefill head " << h << " dim " << d;
-      EXPECT_NEAR(dec[size_t(h) * shape.head_dim + d], expected, 1e-6f) << "decode head " << h << " dim " << d;
-    }
+    expected.insert(expected.end(), seq.v.begin() + (h / 2) * shape.head_dim, seq.v.begin() + (h / 2 + 1) * shape.head_dim);
+  const size_t dim = size_t(shape.head_dim);
+  auto where = [&](size_t i) { return "head " + std::to_string(i / dim) + " dim " + std::to_string(i % dim); };
+  EXPECT_TRUE(test::all_near(out.data(), expected.data(), expected.size(), 1e-6, where)) << "prefill";
+  EXPECT_TRUE(test::all_near(dec.data(), expected.data(), expected.size(), 1e-6, where)) << "decode";
 }
 
 TEST(Ch05_Attention, EqualKeysGiveTheRunningMeanOfTheValues) {
@@ -378,12 +384,23 @@ TEST(Ch05_Attention, GqaQueryHeadReadsKvHeadHOverGroup) {
           seq.v[(size_t(pos) * shape.num_kv_heads + j) * shape.head_dim + d] = float(j + 1);
     PagedBatch p = make_batch(shape, {{&seq, 21, 21}}, Layout::kInterleaved, rng);
     std::vector<float> out = run_prefill(p), dec = run_decode(p);
-    for (int i = 0; i < 21; i++)
-      for (int h = 0; h < 8; h++)
-        for (int d = 0; d < shape.head_dim; d++)
-          ASSERT_NEAR(out[size_t(i) * p.out_stride + h * 16 + d], float(h / group + 1), 1e-5f)
-              << "query " << i << " head " << h;
-    for (int h = 0; h < 8; h++) EXPECT_NEAR(dec[size_t(h) * 16], float(h / group + 1), 1e-5f) << "decode head " << h;
+    // One check per (row, query head): the prefill's 21 rows and the decode row. A failure names the KV
+    // head that the query head read (its output minus 1).
+    test::MismatchSummary heads("(row, query head) pairs");
+    auto check_row = [&](const float* row, const std::string& name) {
+      for (int h = 0; h < 8; h++) {
+        double deviation = 0;  // summed over the head's dims, so that a NaN shows
+        for (int d = 0; d < 16; d++) deviation += std::abs(double(row[h * 16 + d]) - double(h / group + 1));
+        heads.check(deviation, 1e-4, [&] {
+          std::ostringstream s;
+          s << name << " head " << h << " read KV head " << row[h * 16] - 1 << ", not " << h / group;
+          return s.str();
+        });
+      }
+    };
+    for (int i = 0; i < 21; i++) check_row(out.data() + size_t(i) * p.out_stride, "prefill query " + std::to_string(i));
+    check_row(dec.data(), "decode");
+    ASSERT_TRUE(heads.result());
   }
 }
 
@@ -583,6 +600,7 @@ TEST(Ch05_Decode, EqualsTheLastRowOfTheFullPrefill) {
     for (int n : lengths) data.push_back(random_seq(n, shape, rng));
     std::vector<SeqSpec> specs;
     for (const SeqData& d : data) specs.push_back({&d, d.length, d.length});
+    test::MismatchSummary rows("decode rows (relative error by row)");
     for (Layout layout : kAllLayouts) {
       SCOPED_TRACE(layout_name(layout));
       PagedBatch p = make_batch(shape, specs, layout, rng, 3, /*q_pad=*/16, /*out_pad=*/8);
@@ -591,12 +609,15 @@ TEST(Ch05_Decode, EqualsTheLastRowOfTheFullPrefill) {
         const float* last = full.data() + size_t(p.cu_seqlens_q[b + 1] - 1) * p.out_stride;
         const float* row = dec.data() + size_t(b) * p.out_stride;
         std::vector<double> ref = reference_for(p, b);
-        EXPECT_LE(relative_error(row, ref.data() + size_t(lengths[b] - 1) * p.q_dim(), p.q_dim()), kTol)
-            << "sequence " << b << ", context_len " << lengths[b];
+        rows.check(relative_error(row, ref.data() + size_t(lengths[b] - 1) * p.q_dim(), p.q_dim()), kTol, [&] {
+          return std::string(layout_name(layout)) + " layout, sequence " + std::to_string(b) + " (context_len " +
+                 std::to_string(lengths[b]) + ")";
+        });
         for (int c = 0; c < p.q_dim(); c++) ASSERT_NEAR(row[c], last[c], 1e-6f) << "sequence " << b << " column " << c;
         for (int64_t c = p.q_dim(); c < p.out_stride; c++) ASSERT_EQ(row[c], kGuard) << "out padding column " << c;
       }
     }
+    EXPECT_TRUE(rows.result());
   }
 }
 
@@ -656,6 +677,7 @@ TEST(Ch05_Attention, StoreThenAttendChunkedPrefillAndDecodeSteps) {
       context.push_back(end[s]);
     }
     const int n = int(slots.size());
+    test::MismatchSummary rows("output rows (relative error by row)");
     store_kvcache_cpu(k_cache.data(), v_cache.data(), qkv.data() + q_dim, qkv.data() + q_dim + kv_dim, row_stride,
                       slots.data(), n, kv_dim);
     std::vector<float> out(size_t(n) * q_dim, kNaN);
@@ -671,9 +693,11 @@ TEST(Ch05_Attention, StoreThenAttendChunkedPrefillAndDecodeSteps) {
       std::vector<double> ref =
           reference_attention(d.q.data() + size_t(begin[s]) * q_dim, seqlen_q, d.k.data(), d.v.data(), end[s], shape);
       for (int i = 0; i < seqlen_q; i++)
-        EXPECT_LE(relative_error(out.data() + size_t(cu_q[s] + i) * q_dim, ref.data() + size_t(i) * q_dim, q_dim), kTol)
-            << (decode ? "decode" : "prefill") << ": sequence " << s << " position " << begin[s] + i;
+        rows.check(relative_error(out.data() + size_t(cu_q[s] + i) * q_dim, ref.data() + size_t(i) * q_dim, q_dim), kTol,
+                   [&] { return "sequence " + std::to_string(s) + " position " + std::to_string(begin[s] + i); });
     }
+    EXPECT_TRUE(rows.result()) << (decode ? "decode" : "prefill") << " step, positions [" << begin[0] << ", " << end[0]
+                               << ") and [" << begin[1] << ", " << end[1] << ")";
   };
   {
     const int begin[2] = {0, 0}, end[2] = {20, 35};

@@ -5,10 +5,11 @@
 //   - a C++ name it gives as `Class::member` exists in the sources;
 //   - a nano-vllm line reference (`l.17-35`, `llm.py:4`) is well formed;
 //   - it quotes no test count ("42 tests" goes stale with the next test);
-//   - every ```check block runs: lines starting with "$ " are shell commands (run from the repository
-//     root, in one shell, with build/ standing for the build folder of this test binary), the other
-//     lines are output that the command before them must print (stdout and stderr together; each quoted
-//     line matches one printed line, in any order; "…" in a quoted line matches anything).
+//   - every ```check block (indented in a list item or not) runs: lines starting with "$ " are shell
+//     commands (run from the repository root, in one shell, with build/ standing for the build folder
+//     of this test binary), the other lines are output that the command before them must print (stdout
+//     and stderr together; each quoted line matches one printed line, in any order; "…" in a quoted
+//     line matches anything).
 // And no source comment cites a document that is not in the repository. tests/data/docs_fixture/ holds
 // a README broken on purpose: the checker must find each of its faults.
 #include <dirent.h>
@@ -275,18 +276,27 @@ std::vector<std::string> check_commands(const std::string& md) {
     }
     block.clear();
   };
+  size_t indent = 0;  // a block inside a list item is indented: its lines lose that many spaces
+  auto unindent = [&](std::string& l) {
+    const size_t spaces = std::min(l.find_first_not_of(' '), l.size());  // npos: a blank line
+    l.erase(0, std::min(indent, spaces));
+  };
   while (std::getline(text, line)) {
     if (!in_block) {
-      in_block = line == "```check";
+      indent = line.find_first_not_of(' ');
+      in_block = indent != std::string::npos && line.compare(indent, std::string::npos, "```check") == 0;
       continue;
     }
+    unindent(line);
     if (line == "```") {
       run_block();
       in_block = false;
     } else if (line.rfind("$ ", 0) == 0) {
       std::string shell = std::regex_replace(line.substr(2), std::regex(R"(\bbuild/)"), build + "/");
-      while (!shell.empty() && shell.back() == '\\' && std::getline(text, line))
+      while (!shell.empty() && shell.back() == '\\' && std::getline(text, line)) {
+        unindent(line);
         shell += "\n" + std::regex_replace(line, std::regex(R"(\bbuild/)"), build + "/");
+      }
       block.push_back({shell, {}});
     } else if (!block.empty() && !line.empty()) {
       block.back().expected.push_back(line);
@@ -321,7 +331,8 @@ TEST(Book_Docs, TheCheckerFindsEveryFaultOfABrokenReadme) {
   EXPECT_NE(all.find("malformed line reference: l.30-20"), std::string::npos) << all;
   EXPECT_NE(all.find("quotes a test count: 42 tests"), std::string::npos) << all;
   EXPECT_NE(all.find("no longer prints: this line is not what the binary prints"), std::string::npos) << all;
-  EXPECT_EQ(faults.size(), 7u) << "the fixture's correct lines must pass:\n" << all;
+  EXPECT_NE(all.find("no longer prints: an indented block is checked too"), std::string::npos) << all;
+  EXPECT_EQ(faults.size(), 8u) << "the fixture's correct lines must pass:\n" << all;
 }
 
 TEST(Book_Docs, PathsSymbolsAndReferencesExist) {

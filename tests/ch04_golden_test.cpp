@@ -77,13 +77,15 @@ void check_model(const std::string& model, int tp_size = 1) {
   SamplingParams greedy;
   greedy.temperature = 0;
   int64_t id = 0;
+  // One assertion for all prompts (a wrong layer fails every one; the summary names the worst).
+  test::MismatchSummary prompts("prefills (relative error of the logits)");
   for (const GoldenCase& c : load_cases(model)) {
-    SCOPED_TRACE(model + ", tp " + std::to_string(tp_size) + ", prompt of " + std::to_string(c.prompt.size()) + " tokens");
+    const std::string name = std::to_string(c.prompt.size()) + "-token prompt";
     Sequence seq(id++, c.prompt, greedy, 0, block_size);
     seq.block_table = scrambled_blocks(seq.num_tokens(), block_size, num_blocks, 0);
     std::vector<float> logits = prefill(runner, seq, seq.num_tokens());
-    ASSERT_EQ(logits.size(), c.logits.size());
-    EXPECT_LE(relative_error(logits, c.logits), 1e-4);
+    ASSERT_EQ(logits.size(), c.logits.size()) << name;
+    prompts.check(relative_error(logits, c.logits), 1e-4, [&] { return name; });
 
     // The same prompt in two chunks: the second reads the first's K/V from the paged cache.
     if (seq.num_tokens() > 1) {
@@ -92,9 +94,11 @@ void check_model(const std::string& model, int tp_size = 1) {
       int first = seq.num_tokens() / 3 + 1;
       prefill(runner, chunked, first);
       std::vector<float> chunked_logits = prefill(runner, chunked, seq.num_tokens() - first);
-      EXPECT_LE(relative_error(chunked_logits, c.logits), 1e-4);
+      prompts.check(relative_error(chunked_logits, c.logits), 1e-4,
+                    [&] { return name + " in chunks of " + std::to_string(first) + " and the rest"; });
     }
   }
+  EXPECT_TRUE(prompts.result()) << model << ", tp " << tp_size;
 }
 
 }  // namespace
@@ -125,12 +129,14 @@ TEST(Ch04_Golden, BatchedPrefillEqualsOneAtATime) {
   std::vector<int32_t> tokens = runner.run(batch, true, &logits);
   const size_t vocab = cases[0].logits.size();
   ASSERT_EQ(logits.size(), vocab * cases.size());
+  test::MismatchSummary rows("rows of the batch (relative error of the logits)");
   for (size_t i = 0; i < cases.size(); i++) {
     std::vector<float> row(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
-    EXPECT_LE(relative_error(row, cases[i].logits), 1e-4) << "case " << i;
+    rows.check(relative_error(row, cases[i].logits), 1e-4, [&] { return "case " + std::to_string(i); });
     // Greedy sampling took the argmax of each row.
     EXPECT_EQ(tokens[i], int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
   }
+  EXPECT_TRUE(rows.result());
 }
 
 // Tensor parallelism: the same logits from 2 and 4 ranks (threads, each with its shard of the weights

@@ -1,10 +1,14 @@
 // test_util.h: small helpers shared by the test files: test data paths, files, a scratch folder, the
-// message of an expected Error, a fixed-seed generator, and running build/nanovllm.
+// message of an expected Error, a fixed-seed generator, many comparisons reported as one assertion, and
+// running build/nanovllm.
 #pragma once
 
 #include <ftw.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,6 +106,72 @@ inline std::vector<float> random_vector(size_t n, Rng& rng) {
   std::vector<float> v(n);
   for (float& x : v) x = rng.uniform();
   return v;
+}
+
+// Many comparisons (every element, or every row, of a kernel's output against a reference), reported
+// as one assertion. A wrong change in a kernel makes most of its outputs wrong at once; one EXPECT per
+// element would print thousands of failures and bury the one line that says what is wrong. This keeps
+// the count, the worst check and the first few, in the order they were made:
+//
+//   MismatchSummary rows("query rows");
+//   for (int i = 0; i < n; i++) rows.check(row_error(i), 1e-5, [&] { return "row " + std::to_string(i); });
+//   EXPECT_TRUE(rows.result());
+//     -> 240 of 240 query rows over the limit 1e-05; worst: row 17 (1.03)
+//        first: row 0 (1.02791); row 1 (0.884355); row 2 (0.969276); row 3 (0.907373); row 4 (0.93)
+class MismatchSummary {
+ public:
+  explicit MismatchSummary(std::string what, int first_shown = 5) : what_(std::move(what)), shown_(first_shown) {}
+
+  // Passes when error <= limit; a NaN error fails. `where()` (a string) is called only for failures.
+  template <class Where>
+  bool check(double error, double limit, Where where) {
+    checks_++;
+    if (error <= limit) return true;
+    limit_ = limit;
+    const std::string line = where() + " (" + format(error) + ")";
+    if (failures_++ < shown_) first_ += (first_.empty() ? "" : "; ") + line;
+    if (failures_ == 1 || std::isnan(error) || (!std::isnan(worst_error_) && error > worst_error_)) {
+      worst_error_ = error;
+      worst_ = line;
+    }
+    return false;
+  }
+
+  ::testing::AssertionResult result() const {
+    if (failures_ == 0) return ::testing::AssertionSuccess() << checks_ << " " << what_ << " within the limit";
+    return ::testing::AssertionFailure() << failures_ << " of " << checks_ << " " << what_ << " over the limit "
+                                         << format(limit_) << "; worst: " << worst_ << "\n  first: " << first_;
+  }
+  int failures() const { return failures_; }
+
+ private:
+  static std::string format(double x) {
+    std::ostringstream s;
+    s.precision(6);
+    s << x;
+    return s.str();
+  }
+  std::string what_, first_, worst_;
+  int shown_, checks_ = 0, failures_ = 0;
+  double limit_ = 0, worst_error_ = 0;
+};
+
+// |got[i] - want[i]| <= tol for i in [0, n), as one assertion (MismatchSummary): each failure is shown
+// as "<where(i)>: got G, want W".
+template <class Got, class Want, class Where>
+::testing::AssertionResult all_near(const Got* got, const Want* want, size_t n, double tol, Where where,
+                                    const std::string& what = "values") {
+  MismatchSummary summary(what);
+  for (size_t i = 0; i < n; i++) {
+    const double g = double(got[i]), w = double(want[i]);
+    summary.check(std::abs(g - w), tol, [&] {
+      std::ostringstream s;
+      s.precision(8);
+      s << where(i) << ": got " << g << ", want " << w;
+      return s.str();
+    });
+  }
+  return summary.result();
 }
 
 }  // namespace nanovllm::test

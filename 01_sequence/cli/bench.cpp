@@ -101,6 +101,14 @@ std::string model_from(const Flags& flags) {
   } catch (const Error& e) {
     throw UsageError(std::string("--random: ") + e.what());
   }
+  // A run that cannot start says so before 1.2 GB (qwen3-0.6b) of weights are written for it.
+  if (flags.get("device") == "cuda" && !cuda_available()) {
+#ifdef NANOVLLM_CUDA
+    fail("--device cuda: no CUDA device is present");
+#else
+    fail("--device cuda: this build has no CUDA support (it was built without nvcc)");
+#endif
+  }
   const std::string dir = data_dir() + "/random-" + preset;
   if (!is_complete_random_model(dir, /*with_tokenizer=*/false))
     std::fprintf(stderr, "writing random %s weights to %s ...\n", preset.c_str(), dir.c_str());
