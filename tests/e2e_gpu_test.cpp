@@ -166,3 +166,31 @@ TEST(E2E_Gpu, TensorParallelRanksMatchTheGoldenLogitsAndOneRanksTokens) {
     }
   }
 }
+
+// The same with the stream-ordered collectives (EngineConfig::collectives "events", the command line's
+// --collectives events; 06_tensor_parallel/all_reduce_events.cu): 2 and 4 ranks on one GPU. CUDA graphs
+// are asked for and turned off, since these collectives run eagerly only. tests/gpu_check.sh runs this
+// test under compute-sanitizer, which runs one kernel at a time: the spinning collectives cannot run there.
+TEST(E2E_Gpu, TensorParallelWithStreamOrderedCollectives) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Golden g = load("tiny-qwen3-a");
+  for (int tp : {2, 4}) {
+    EngineConfig c = gpu_config("tiny-qwen3-a");
+    c.tensor_parallel_size = tp;
+    c.collectives = "events";
+    c.num_kvcache_blocks = 32;  // 8 prompts of up to 600 tokens need 13; small, for the sanitizer's sake
+    const std::string what = "tp " + std::to_string(tp) + " events";
+    LLMEngine engine(c);
+    EXPECT_TRUE(engine.config().enforce_eager) << what;
+    EXPECT_TRUE(engine.model_runner().graph_batch_sizes().empty()) << what;
+    for (size_t i = 0; i < g.prompts.size(); i += 3) {
+      engine.add_request(g.prompts[i], greedy(1));
+      std::vector<float> logits;
+      while (!engine.is_finished()) engine.step(&logits);
+      EXPECT_LE(relative_error(logits, g.logits[i]), 2e-2) << what << " case " << i;
+    }
+    const auto outputs = engine.generate(g.prompts, {greedy(24)});
+    expect_golden_greedy(g, outputs, what);
+    for (int64_t steps : engine.model_runner().rank_steps()) EXPECT_EQ(steps, engine.stats().steps) << what;
+  }
+}

@@ -156,6 +156,7 @@ int cmd_bench(const Flags& flags) {
   config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
+  config.collectives = collectives_from(flags);
   config.trace = flags.has("trace");
   config.seed = flags.get_uint64("seed", 0);
 
@@ -231,6 +232,7 @@ int cmd_bench_step(const Flags& flags) {
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
+  config.collectives = collectives_from(flags);
   config.validate();
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();

@@ -111,4 +111,10 @@ int attention_version_from(const Flags& flags) {
                            int(attention_versions().size()) - 1));
 }
 
+std::string collectives_from(const Flags& flags) {
+  const std::string value = flags.get("collectives", "spin");
+  if (value != "spin" && value != "events") throw UsageError("--collectives must be spin or events, got '" + value + "'");
+  return value;
+}
+
 }  // namespace nanovllm

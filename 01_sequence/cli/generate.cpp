@@ -67,6 +67,7 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   c.gpu_memory_utilization = float(f.get_double("gpu-memory-utilization", c.gpu_memory_utilization, 0.01, 1.0));
   c.cpu_memory_mib = int(f.get_int("cpu-memory-mib", c.cpu_memory_mib, 1, 1 << 24));
   c.attention_version = attention_version_from(f);
+  c.collectives = collectives_from(f);
   c.kvcache_block_size = int(f.get_int("block-size", c.kvcache_block_size, 16, 1 << 16));
   if (c.kvcache_block_size % 16 != 0) throw UsageError("--block-size must be a multiple of 16");
   c.num_kvcache_blocks = int(f.get_int("kv-cache-blocks", -1, 1, 1 << 30));

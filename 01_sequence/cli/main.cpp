@@ -30,7 +30,7 @@ struct Command {
 const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs", "max-num-batched-tokens",
                                                "max-model-len", "gpu-memory-utilization", "block-size",
                                                "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer",
-                                               "cpu-memory-mib", "attention-version"};
+                                               "cpu-memory-mib", "attention-version", "collectives"};
 const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace"};
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -48,13 +48,13 @@ const std::vector<Command>& commands() {
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
-        "tensor-parallel-size", "attention-version"},
+        "tensor-parallel-size", "attention-version", "collectives"},
        {"enforce-eager", "trace", "profile"},
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
       {"bench-step", nanovllm::cmd_bench_step,
        {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
-        "attention-version", "tensor-parallel-size"},
+        "attention-version", "tensor-parallel-size", "collectives"},
        {},
        "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
        "step, kernel by kernel, with GB/s"},
@@ -84,6 +84,9 @@ const char* const kEngineOptionsHelp =
     "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
     "                --enforce-eager --tensor-parallel-size N --attention-version N (0-7: chapter 05's kernels;\n"
     "                default: each phase's fastest) --seed S --trace\n"
+    "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
+    "                kernels that wait on flags; events, CUDA events and a host barrier, eager only, for\n"
+    "                compute-sanitizer)\n"
     "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
 
 void print_usage(FILE* out) {
