@@ -46,9 +46,9 @@ namespace nanovllm {
 // same bits (all_reduce_cpu, gather_cpu):
 //   kEvents  v1, stream-ordered (all_reduce_events.cu). Each rank records a CUDA event on its stream, the
 //            rank threads meet at a host barrier, each rank's stream waits for its peers' events, and a
-//            plain kernel adds. Nothing on the GPU ever waits for a kernel of another stream, so it runs
-//            under compute-sanitizer (which runs kernels one at a time) and needs none of the rules below
-//            but the first; but the host threads meet twice per call, and a CUDA graph cannot capture it
+//            plain kernel adds. The GPU only ever waits for work submitted before the wait, never for a
+//            kernel that has yet to start, so it runs under compute-sanitizer (which runs kernels one at
+//            a time) and needs none of the rules below but the first; but the host threads meet twice per call, and a CUDA graph cannot capture it
 //            (a call during a capture is an Error). Slower; for checking, and to read first.
 //   kSpin    v2, one-shot (all_reduce.cu), the default. One kernel per call on every rank, which spins on
 //            flags in memory until its peers' kernels arrive: no host synchronisation, capturable.

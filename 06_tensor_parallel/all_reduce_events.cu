@@ -29,15 +29,18 @@
 // read[r] at step 3 of the next call, after its first barrier, which every peer reaches only after its
 // step-3 waits of this call. So a wait always sees the record of its own call.
 //
-// gather, rank i: record ready[i]; barrier; rank 0 waits for every ready[r], copies each shard's kept
-// columns into out and records read[0]; barrier; every other rank waits for read[0] (its shard may be
-// overwritten once rank 0 has copied it).
+// gather, rank i; shards[r] is rank r's (rows, shard_cols) fp32, out rank 0's (rows, out_cols): record
+// ready[i]; barrier; rank 0 waits for every ready[r], copies each shard's kept columns into out and records
+// read[0]; barrier; every other rank waits for read[0] (its shard may be overwritten once rank 0 has
+// copied it). The same reasoning lets the events be recorded again, whichever collective comes next.
 //
-// What this costs: two host barriers per call (the rank threads wait for each other at every collective,
-// 57 times a decode step for Qwen3-0.6B), and cross-stream event waits that a CUDA graph cannot capture
-// from separately captured ranks: eager only. What it buys: no kernel ever waits for another kernel, so
-// the ranks cannot deadlock on the GPU, whatever else runs on it, and compute-sanitizer, which runs one
-// kernel at a time, checks it like any other code.
+// What this costs: two host barriers per call (the rank threads wait for each other twice at every
+// collective, and a decode step of Qwen3-0.6B has 58: 57 all-reduces and the gather), and cross-stream
+// event waits, which a CUDA graph captured by one rank cannot hold: eager only. What it buys: every wait
+// on the GPU is for work submitted before it (the barrier sees to that), and no kernel waits inside itself
+// for another one, as v2's do. So the GPU may run the ranks' work in any order that respects the waits,
+// even one kernel at a time: nothing deadlocks, whatever else runs on the GPU, and compute-sanitizer,
+// which runs one kernel at a time, checks it like any other code.
 #include <algorithm>
 
 #include "06_tensor_parallel/all_reduce.h"
