@@ -22,6 +22,10 @@ struct EngineConfig {
   bool enforce_eager = false;          // no CUDA graphs
   int attention_version = -1;          // CUDA attention kernel (05_attention/attention.h); -1 = each phase's fastest
   int linear_version = 2;              // CUDA projection versions, 1 to 4 (06_tensor_parallel/linear.h)
+  // How GPU tensor-parallel ranks wait for each other in a collective (06_tensor_parallel/all_reduce.h):
+  // "spin", one-shot kernels that spin on flags (capturable in CUDA graphs), or "events", stream-ordered
+  // through CUDA events and a host barrier (eager only: CUDA graphs go off; compute-sanitizer can run it).
+  std::string collectives = "spin";
   int kvcache_block_size = 256;        // tokens per KV block; any multiple of 16 (nano-vllm: of 256)
   // KV blocks to allocate. -1: as many as memory allows (nano-vllm always computes it and ignores a
   // user value; a real override makes preemption reproducible in tests).
@@ -46,6 +50,7 @@ struct EngineConfig {
     if (num_kvcache_blocks == 0 || num_kvcache_blocks < -1)
       fail("kv cache blocks must be >= 1, got ", num_kvcache_blocks);
     if (device != "" && device != "cpu" && device != "cuda") fail("device must be cpu or cuda, got '", device, "'");
+    if (collectives != "spin" && collectives != "events") fail("collectives must be spin or events, got '", collectives, "'");
   }
 };
 

@@ -104,6 +104,9 @@ TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
   c = EngineConfig();
   c.device = "tpu";
   EXPECT_EQ(error_of([&] { c.validate(); }), "device must be cpu or cuda, got 'tpu'");
+  c = EngineConfig();
+  c.collectives = "nccl";
+  EXPECT_EQ(error_of([&] { c.validate(); }), "collectives must be spin or events, got 'nccl'");
 }
 
 TEST(Ch01_LLMEngine, StepCountsTokensLikeNanoVllm) {

@@ -30,6 +30,15 @@ ModelRunner::ModelRunner(EngineConfig& config)
 
   if (config.device.empty()) config.device = cuda_available() ? "cuda" : "cpu";
   if (config.device == "cpu" && config.enforce_eager) log("note: --enforce-eager changes nothing on the CPU, which has no CUDA graphs");
+  // The stream-ordered collectives wait for each other through CUDA events across the ranks' streams,
+  // which no rank's own graph can capture: they run eagerly (06_tensor_parallel/all_reduce_events.cu).
+  const bool event_collectives = config.device == "cuda" && tp_size > 1 && config.collectives == "events";
+  if (event_collectives && !config.enforce_eager) {
+    log("note: --collectives events runs eagerly: CUDA graphs off");
+    config.enforce_eager = enforce_eager_ = true;
+  } else if (config.collectives == "events" && !event_collectives) {
+    log("note: --collectives events changes nothing without several ranks on the GPU");
+  }
   config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);
   max_model_len_ = config.max_model_len;
   block_table_width_ = ceil_div(max_model_len_, block_size_);
@@ -46,11 +55,12 @@ ModelRunner::ModelRunner(EngineConfig& config)
     load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config);
   }
   allocate_kv_cache(config);
-  if (tp_size > 1 && device() == Device::CUDA) {
+  if (tp_size > 1 && device() == Device::CUDA && !event_collectives) {
     // Before the ranks are joined: every rank runs each decode batch size once on its own, collectives
     // off. The first call of a kernel or a GEMM shape may set things up on the device (module loading,
     // cuBLAS's first use of an algorithm), and set-up that waits for the device must not happen while a
-    // peer spins in a collective waiting for this rank (06_tensor_parallel/all_reduce.h).
+    // peer spins in a collective waiting for this rank (06_tensor_parallel/all_reduce.h). The
+    // stream-ordered collectives never spin, so they need none of this.
     for (auto& r : ranks_) {
       r->backend->bind_to_thread();
       for (int bs : graph_sizes()) {
@@ -73,7 +83,9 @@ ModelRunner::ModelRunner(EngineConfig& config)
       std::vector<int> rank_devices;
       for (auto& r : ranks_) rank_devices.push_back(r->backend->device_id());
       // The largest tensor all-reduced: the residual stream of a full step, (max_tokens, hidden).
-      cuda_comm_ = std::make_unique<CudaCommunicator>(rank_devices, int64_t(max_tokens_) * mc.hidden_size);
+      cuda_comm_ = std::make_unique<CudaCommunicator>(
+          rank_devices, int64_t(max_tokens_) * mc.hidden_size,
+          event_collectives ? CudaCommunicator::Collectives::kEvents : CudaCommunicator::Collectives::kSpin);
       group.cuda = cuda_comm_.get();
 #endif
     }
@@ -84,6 +96,9 @@ ModelRunner::ModelRunner(EngineConfig& config)
   }
   threads_ = std::make_unique<RankThreads>(tp_size, [this] {
     if (cpu_comm_) cpu_comm_->abort();
+#ifdef NANOVLLM_CUDA
+    if (cuda_comm_) cuda_comm_->abort();  // the stream-ordered collectives' ranks wait on the host too
+#endif
   });
   rank_steps_.assign(size_t(tp_size), 0);
 

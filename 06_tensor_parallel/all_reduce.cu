@@ -1,4 +1,6 @@
-// all_reduce.cu: the all-reduce and the gather of tensor parallelism, one-shot over peer memory.
+// all_reduce.cu: the all-reduce and the gather of tensor parallelism, one-shot over peer memory (v2;
+// v1, the same steps ordered by CUDA events and a host barrier, is all_reduce_events.cu: read it first).
+// Also the communicator's set-up and its argument checks, which both versions share.
 //
 // The N ranks are threads of one process, so every rank can address every other rank's buffers: with a
 // plain device pointer when they share a GPU, through peer access (NVLink or PCIe) when they do not.
@@ -41,9 +43,11 @@
 // spin_timeout_s the kernel prints who waited for whom and traps, so a bug fails in seconds instead of
 // hanging the GPU.
 //
-// Versions: v1, this one-shot kernel (each rank reads N x n elements). Larger messages would prefer a
-// two-shot reduce-scatter + all-gather (each rank reads 2n); decode's all-reduces are 2 KB to 512 KB,
-// where one-shot's single round of flags wins.
+// Versions: v1, stream-ordered (all_reduce_events.cu): the barriers are CUDA events and a host barrier,
+// two host round trips per call, eager only, but nothing spins, so compute-sanitizer can run it. v2, this
+// one-shot kernel (each rank reads N x n elements). Larger messages would prefer a two-shot
+// reduce-scatter + all-gather (each rank reads 2n); decode's all-reduces are 2 KB to 512 KB, where
+// one-shot's single round of flags wins.
 #include <algorithm>
 #include <cstdio>
 #include <type_traits>
@@ -134,7 +138,8 @@ __device__ uint32_t next_epoch(uint32_t* counters) {
 __device__ __noinline__ void report_timeout(const char* collective, int rank, int peer, int which, uint32_t epoch,
                                             uint32_t seen, uint64_t timeout_ns) {
   printf("CudaCommunicator %s: rank %d, block %d waited %.1f s at the %s barrier of call %u for rank %d "
-         "(its flag holds %u): did every rank make the same calls with the same sizes?\n",
+         "(its flag holds %u): did every rank make the same calls with the same sizes? (Under compute-sanitizer, "
+         "which runs one kernel at a time, use the stream-ordered collectives: --collectives events)\n",
          collective, rank, int(blockIdx.x), double(timeout_ns) * 1e-9, which == kStart ? "start" : "end", epoch, peer, seen);
   __trap();
 }
@@ -304,8 +309,14 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, double spin_timeout_s)
-    : devices_(std::move(devices)), max_elems_(max_elems), spin_timeout_ns_(0), max_blocks_(kMaxBlocks) {
+CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, Collectives collectives,
+                                   double spin_timeout_s)
+    : devices_(std::move(devices)),
+      max_elems_(max_elems),
+      collectives_(collectives),
+      spin_timeout_ns_(0),
+      max_blocks_(kMaxBlocks),
+      barrier_(int(devices_.size())) {
   const int world = world_size();
   if (world < 1 || world > kMaxRanks) fail("CudaCommunicator: ", world, " ranks (1 to ", kMaxRanks, " are supported)");
   if (max_elems < 0) fail("CudaCommunicator: max_elems is ", max_elems);
@@ -353,6 +364,14 @@ CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, 
       // Epoch 0 is "never arrived": the first call is epoch 1.
       CUDA_CHECK(cudaMemset(flags, 0, kFlagSlots * sizeof(uint32_t)));
       CUDA_CHECK(cudaMemset(counters, 0, kMaxBlocks * sizeof(uint32_t)));
+      if (collectives_ == Collectives::kEvents) {
+        // On rank r's device: an event is recorded on a stream of its own device (and waited for anywhere).
+        cudaEvent_t ready = nullptr, read = nullptr;
+        CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+        ready_.push_back(ready);
+        CUDA_CHECK(cudaEventCreateWithFlags(&read, cudaEventDisableTiming));
+        read_.push_back(read);
+      }
     }
     for (int d : distinct) {
       guard.set(d);
@@ -397,8 +416,10 @@ void CudaCommunicator::release() noexcept {
     cudaFree(flags_[r]);
     if (r < counters_.size()) cudaFree(counters_[r]);
     if (r < tmp_.size()) cudaFree(tmp_[r]);
+    if (r < ready_.size()) cudaEventDestroy(ready_[r]);
+    if (r < read_.size()) cudaEventDestroy(read_[r]);
   }
-  flags_.clear(), counters_.clear(), tmp_.clear();
+  flags_.clear(), counters_.clear(), tmp_.clear(), ready_.clear(), read_.clear();
   cudaSetDevice(saved);
 }
 
@@ -416,15 +437,22 @@ Flags make_flags(const std::vector<uint32_t*>& slots, uint32_t* counters, int ra
 
 }  // namespace
 
-void CudaCommunicator::all_reduce(int rank, bf16* const* x, int64_t n, cudaStream_t stream) const {
+void CudaCommunicator::all_reduce(int rank, bf16* const* x, int64_t n, cudaStream_t stream) {
   const int world = world_size();
   if (rank < 0 || rank >= world) fail("CudaCommunicator::all_reduce: rank ", rank, " of ", world);
   if (n < 0 || n > max_elems_) fail("CudaCommunicator::all_reduce: n = ", n, " (max_elems is ", max_elems_, ")");
   if (n == 0 || world == 1) return;  // one rank: its x is already the sum (every rank returns here alike)
+  for (int r = 0; r < world; r++)
+    if (!x[r]) fail("CudaCommunicator::all_reduce: x[", r, "] is null");
+  DeviceGuard guard(devices_[size_t(rank)]);
+  if (collectives_ == Collectives::kEvents) {  // v1 (all_reduce_events.cu)
+    all_reduce_events(rank, x, n, stream);
+    return;
+  }
+
   AllReduceArgs a{};
   bool aligned = true;
   for (int r = 0; r < world; r++) {
-    if (!x[r]) fail("CudaCommunicator::all_reduce: x[", r, "] is null");
     a.x[r] = x[r];
     aligned = aligned && aligned16(x[r]);
   }
@@ -434,13 +462,12 @@ void CudaCommunicator::all_reduce(int rank, bf16* const* x, int64_t n, cudaStrea
   a.n_vec = aligned ? n / 8 : 0;
   // From n alone, so that every rank launches the same grid: one thread per 8 elements, up to max_blocks_.
   const int blocks = int(std::clamp<int64_t>(ceil_div<int64_t>(ceil_div<int64_t>(n, 8), kThreads), 1, max_blocks_));
-  DeviceGuard guard(devices_[size_t(rank)]);
   all_reduce_kernel<<<blocks, kThreads, 0, stream>>>(make_flags(flags_, counters_[size_t(rank)], rank, spin_timeout_ns_), a);
   CUDA_CHECK_LAUNCH();
 }
 
 void CudaCommunicator::gather(int rank, const float* const* shards, int rows, int shard_cols, float* out,
-                              int out_cols, cudaStream_t stream) const {
+                              int out_cols, cudaStream_t stream) {
   const int world = world_size();
   if (rank < 0 || rank >= world) fail("CudaCommunicator::gather: rank ", rank, " of ", world);
   if (rows < 0 || shard_cols < 0 || out_cols < 0 || int64_t(out_cols) > int64_t(world) * shard_cols)
@@ -448,10 +475,17 @@ void CudaCommunicator::gather(int rank, const float* const* shards, int rows, in
          out_cols, " columns");
   if (rows == 0 || out_cols == 0) return;  // every rank returns here alike
   if (rank == 0 && !out) fail("CudaCommunicator::gather: rank 0's out is null");
+  for (int r = 0; r < world; r++)
+    if (!shards[r]) fail("CudaCommunicator::gather: shards[", r, "] is null");
+  DeviceGuard guard(devices_[size_t(rank)]);
+  if (collectives_ == Collectives::kEvents) {  // v1 (all_reduce_events.cu)
+    gather_events(rank, shards, rows, shard_cols, out, out_cols, stream);
+    return;
+  }
+
   GatherArgs a{};
   bool aligned = aligned16(out) || rank != 0;
   for (int r = 0; r < world; r++) {
-    if (!shards[r]) fail("CudaCommunicator::gather: shards[", r, "] is null");
     a.shards[r] = shards[r];
     aligned = aligned && aligned16(shards[r]);
   }
@@ -462,7 +496,6 @@ void CudaCommunicator::gather(int rank, const float* const* shards, int rows, in
   // From the sizes alone (not from rank 0's alignment), so that every rank launches the same grid.
   const int64_t elems = int64_t(rows) * out_cols;
   const int blocks = int(std::clamp<int64_t>(ceil_div<int64_t>(elems, kUnroll * kThreads * 4), 1, max_blocks_));
-  DeviceGuard guard(devices_[size_t(rank)]);
   gather_kernel<<<blocks, kThreads, 0, stream>>>(make_flags(flags_, counters_[size_t(rank)], rank, spin_timeout_ns_), a);
   CUDA_CHECK_LAUNCH();
 }

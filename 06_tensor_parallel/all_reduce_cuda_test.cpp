@@ -1,5 +1,8 @@
-// The CUDA collectives (all_reduce.cu) against the CPU references, bit for bit, with N ranks as the
-// engine runs them: one host thread and one non-blocking stream per rank, in one process.
+// The CUDA collectives against the CPU references, bit for bit, with N ranks as the engine runs them: one
+// host thread and one non-blocking stream per rank, in one process. Ch06_AllReduceCuda tests the spinning
+// one-shot kernels (v2, all_reduce.cu, the default); Ch06_AllReduceCudaEvents runs the same checks on the
+// stream-ordered collectives (v1, all_reduce_events.cu), which compute-sanitizer can run (tests/gpu_check.sh,
+// phase sanitize), and the spinning ones cannot.
 //
 //   SizesOnOneGpu       N = 2, 3, 4 ranks sharing a GPU; n = 1, 7, 8, 1000, 4097, 262144, 1 << 20 (the
 //                       8-wide loads and the scalar tail), and a misaligned x (element by element)
@@ -11,10 +14,14 @@
 //                       replays them 50 times with new inputs in the same buffers
 //   ErrorsAndOneRank    bad arguments are Errors, thrown before anything is launched; one rank is a no-op
 //   OneRankPerGpu       the same with rank r on device r, and two ranks per device (2+ GPUs, else skipped)
+// Events only:
+//   CaptureIsRefused    a call inside a stream capture is an Error on every rank, before any rank waits
+//   AFailedRankDoesNotHangItsPeers   a rank that never comes: abort() makes its peers throw
 //
 // Inputs (all_reduce_test_inputs.h) make a wrong order of addition change many sums. A rank thread that
-// fails must not hang the others: its peers' kernels trap after kSpinTimeout, and the host barrier it
-// breaks throws in the others.
+// fails must not hang the others: its peers' kernels trap after kSpinTimeout (spin), its peers waiting at
+// the communicator's host barrier throw once it aborts the communicator (events), and the test's own host
+// barrier it breaks throws in the others.
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
@@ -38,6 +45,10 @@ using namespace nanovllm::test;
 namespace {
 
 constexpr double kSpinTimeout = 5;  // seconds: a rank that never comes fails a test in 5 s, not never
+
+using Collectives = CudaCommunicator::Collectives;
+constexpr Collectives kSpin = Collectives::kSpin, kEvents = Collectives::kEvents;
+const char* name(Collectives c) { return c == kSpin ? "spin" : "events"; }
 
 // A barrier for the rank threads. A rank that fails breaks it, and then every wait throws instead of
 // waiting for a rank that will not come.
@@ -142,8 +153,8 @@ class Ranks {
   void barrier() { barrier_.wait(); }
 
   // Runs body(rank) on one thread per rank, the rank's device current, and joins them. Returns one line
-  // per rank that threw.
-  std::vector<std::string> run(const std::function<void(int rank)>& body) {
+  // per rank that threw. A rank that throws aborts comm, so that peers waiting for it there throw too.
+  std::vector<std::string> run(CudaCommunicator& comm, const std::function<void(int rank)>& body) {
     std::vector<std::string> errors(devices_.size());
     std::vector<std::thread> threads;
     for (int r = 0; r < world(); r++)
@@ -154,6 +165,7 @@ class Ranks {
         } catch (const std::exception& e) {
           errors[size_t(r)] = "rank " + std::to_string(r) + ": " + e.what();
           barrier_.break_all();
+          comm.abort();
         }
       });
     for (std::thread& t : threads) t.join();
@@ -214,10 +226,10 @@ uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
 // ---------------------------------------------------------------------------------------------------
 // The checks, for any placement of the ranks on devices
 
-void check_sizes(const std::vector<int>& devices) {
+void check_sizes(const std::vector<int>& devices, Collectives how) {
   const int world = int(devices.size());
   const int64_t max_n = 1 << 20;
-  CudaCommunicator comm(devices, max_n, kSpinTimeout);
+  CudaCommunicator comm(devices, max_n, how, kSpinTimeout);
   Ranks ranks(devices, size_t(max_n) * sizeof(uint16_t));
   std::vector<bf16*> x = ranks.alloc<bf16>(size_t(max_n) + 8);  // + 8: room for a misaligned view
   struct Call {
@@ -231,7 +243,7 @@ void check_sizes(const std::vector<int>& devices) {
   for (int64_t n : {7, 1000, 4097}) calls.push_back({n, 1, reduce_inputs(world, n, rng)});
 
   std::vector<std::vector<std::vector<uint16_t>>> got(size_t(world), std::vector<std::vector<uint16_t>>(calls.size()));
-  std::vector<std::string> errors = ranks.run([&](int rank) {
+  std::vector<std::string> errors = ranks.run(comm, [&](int rank) {
     for (size_t c = 0; c < calls.size(); c++) {
       std::vector<bf16*> view = x;
       view[size_t(world - 1)] += calls[c].offset;
@@ -245,15 +257,15 @@ void check_sizes(const std::vector<int>& devices) {
     const std::vector<uint16_t> want = reduce_reference(calls[c].in);
     for (int r = 0; r < world; r++)
       EXPECT_EQ(compare_bits(got[size_t(r)][c], want), "")
-          << world << " ranks, n " << calls[c].n << ", offset " << calls[c].offset << ", rank " << r;
+          << name(how) << ", " << world << " ranks, n " << calls[c].n << ", offset " << calls[c].offset << ", rank " << r;
   }
 }
 
-void check_many_calls(const std::vector<int>& devices) {
+void check_many_calls(const std::vector<int>& devices, Collectives how) {
   const int world = int(devices.size());
   const int64_t max_n = 40000;
   const int max_rows = 4, max_shard_cols = 3000;
-  CudaCommunicator comm(devices, max_n, kSpinTimeout);
+  CudaCommunicator comm(devices, max_n, how, kSpinTimeout);
   Ranks ranks(devices, size_t(max_rows) * max_shard_cols * world * sizeof(float));
   std::vector<bf16*> x = ranks.alloc<bf16>(size_t(max_n));
   std::vector<float*> shards = ranks.alloc<float>(size_t(max_rows) * max_shard_cols);
@@ -282,7 +294,7 @@ void check_many_calls(const std::vector<int>& devices) {
 
   std::vector<std::vector<std::vector<uint16_t>>> got(size_t(world), std::vector<std::vector<uint16_t>>(calls.size()));
   std::vector<std::vector<float>> gathered(calls.size());
-  std::vector<std::string> errors = ranks.run([&](int rank) {
+  std::vector<std::string> errors = ranks.run(comm, [&](int rank) {
     const cudaStream_t stream = ranks.stream(rank);
     for (size_t i = 0; i < calls.size(); i++) {
       const Call& c = calls[i];
@@ -304,16 +316,18 @@ void check_many_calls(const std::vector<int>& devices) {
     const Call& c = calls[i];
     if (c.gather) {
       EXPECT_EQ(compare_bits(gathered[i], gather_reference(c.logits, c.rows, c.shard_cols, c.out_cols)), "")
-          << world << " ranks, call " << i << ": gather of " << c.rows << " x " << c.shard_cols << " cut at " << c.out_cols;
+          << name(how) << ", " << world << " ranks, call " << i << ": gather of " << c.rows << " x " << c.shard_cols
+          << " cut at " << c.out_cols;
     } else {
       const std::vector<uint16_t> want = reduce_reference(c.in);
       for (int r = 0; r < world; r++)
-        EXPECT_EQ(compare_bits(got[size_t(r)][i], want), "") << world << " ranks, call " << i << ": n " << c.n << ", rank " << r;
+        EXPECT_EQ(compare_bits(got[size_t(r)][i], want), "")
+            << name(how) << ", " << world << " ranks, call " << i << ": n " << c.n << ", rank " << r;
     }
   }
 }
 
-void check_gather(const std::vector<int>& devices) {
+void check_gather(const std::vector<int>& devices, Collectives how) {
   const int world = int(devices.size());
   struct Case { int rows, shard_cols, out_cols; };
   const int vocab = 151936, vocab_shard = (vocab + world - 1) / world;  // padded to a multiple of world
@@ -328,7 +342,7 @@ void check_gather(const std::vector<int>& devices) {
   };
   size_t largest = 0;
   for (const Case& c : cases) largest = std::max(largest, size_t(c.rows) * c.shard_cols * world);
-  CudaCommunicator comm(devices, 0, kSpinTimeout);
+  CudaCommunicator comm(devices, 0, how, kSpinTimeout);
   Ranks ranks(devices, largest * sizeof(float));
   std::vector<float*> shards = ranks.alloc<float>(largest);
   std::vector<float*> out = ranks.alloc<float>(largest);
@@ -337,7 +351,7 @@ void check_gather(const std::vector<int>& devices) {
   for (const Case& c : cases) logits.push_back(random_shards(world, c.rows, c.shard_cols, rng));
 
   std::vector<std::vector<float>> got(cases.size());
-  std::vector<std::string> errors = ranks.run([&](int rank) {
+  std::vector<std::string> errors = ranks.run(comm, [&](int rank) {
     for (size_t i = 0; i < cases.size(); i++) {
       const Case& c = cases[i];
       ranks.put(rank, shards[size_t(rank)], logits[i][size_t(rank)]);
@@ -351,16 +365,18 @@ void check_gather(const std::vector<int>& devices) {
   for (size_t i = 0; i < cases.size(); i++) {
     const Case& c = cases[i];
     EXPECT_EQ(compare_bits(got[i], gather_reference(logits[i], c.rows, c.shard_cols, c.out_cols)), "")
-        << world << " ranks: " << c.rows << " rows of " << c.shard_cols << " columns cut at " << c.out_cols;
+        << name(how) << ", " << world << " ranks: " << c.rows << " rows of " << c.shard_cols << " columns cut at "
+        << c.out_cols;
   }
 }
 
+// Spin only: the stream-ordered collectives refuse a capture (CaptureIsRefused).
 void check_graph(const std::vector<int>& devices) {
   const int world = int(devices.size());
   const int64_t n1 = 4097, n2 = 1000;  // two grids: 2 blocks with a scalar tail, and 1 block
   const int rows = 2, shard_cols = 37, out_cols = world * shard_cols - 1;
   const int replays = 50;
-  CudaCommunicator comm(devices, n1, kSpinTimeout);
+  CudaCommunicator comm(devices, n1, kSpin, kSpinTimeout);
   Ranks ranks(devices, size_t(n1) * sizeof(uint16_t) + size_t(rows) * out_cols * sizeof(float));
   std::vector<bf16*> x1 = ranks.alloc<bf16>(size_t(n1)), x2 = ranks.alloc<bf16>(size_t(n2));
   std::vector<float*> shards = ranks.alloc<float>(size_t(rows) * shard_cols);
@@ -381,7 +397,7 @@ void check_graph(const std::vector<int>& devices) {
   };
   std::vector<std::vector<Result>> got(size_t(world), std::vector<Result>(steps.size()));
 
-  std::vector<std::string> errors = ranks.run([&](int rank) {
+  std::vector<std::string> errors = ranks.run(comm, [&](int rank) {
     const cudaStream_t stream = ranks.stream(rank);
     float* my_out = rank == 0 ? out[0] : nullptr;
     auto step = [&](size_t k, cudaGraphExec_t graph) {
@@ -438,40 +454,19 @@ std::vector<int> one_gpu(int world) {
   return std::vector<int>(size_t(world), device);
 }
 
-}  // namespace
+// Bad arguments are refused on the host, before anything that would wait for the other rank; one rank
+// leaves x as it is and cuts its one shard at out_cols.
+void check_errors_and_one_rank(Collectives how) {
+  EXPECT_NE(error_of([&] { CudaCommunicator({}, 8, how); }).find("0 ranks"), std::string::npos);
+  EXPECT_NE(error_of([&] { CudaCommunicator(std::vector<int>(9, 0), 8, how); }).find("9 ranks"), std::string::npos);
+  EXPECT_NE(error_of([&] { CudaCommunicator({0, 1000}, 8, how); }).find("rank 1's device 1000 does not exist"),
+            std::string::npos);
 
-TEST(Ch06_AllReduceCuda, SizesOnOneGpu) {
-  SKIP_WITHOUT_GPU();
-  for (int world : {2, 3, 4}) check_sizes(one_gpu(world));
-}
-
-TEST(Ch06_AllReduceCuda, ManyCallsOnOneGpu) {
-  SKIP_WITHOUT_GPU();
-  for (int world : {2, 3, 4}) check_many_calls(one_gpu(world));
-}
-
-TEST(Ch06_AllReduceCuda, GatherOnOneGpu) {
-  SKIP_WITHOUT_GPU();
-  for (int world : {2, 3, 4}) check_gather(one_gpu(world));
-}
-
-TEST(Ch06_AllReduceCuda, CudaGraphOnOneGpu) {
-  SKIP_WITHOUT_GPU();
-  for (int world : {2, 3}) check_graph(one_gpu(world));
-}
-
-TEST(Ch06_AllReduceCuda, ErrorsAndOneRank) {
-  SKIP_WITHOUT_GPU();
-  EXPECT_NE(error_of([] { CudaCommunicator({}, 8); }).find("0 ranks"), std::string::npos);
-  EXPECT_NE(error_of([] { CudaCommunicator(std::vector<int>(9, 0), 8); }).find("9 ranks"), std::string::npos);
-  EXPECT_NE(error_of([] { CudaCommunicator({0, 1000}, 8); }).find("rank 1's device 1000 does not exist"), std::string::npos);
-
-  CudaCommunicator comm(one_gpu(2), 100, kSpinTimeout);
+  CudaCommunicator comm(one_gpu(2), 100, how, kSpinTimeout);
   DeviceArray<bf16> x0(100), x1(100);
   DeviceArray<float> s0(20), s1(20), out(40);
   bf16* x[] = {x0.ptr, x1.ptr};
   const float* shards[] = {s0.ptr, s1.ptr};
-  // Each is refused on the host, before a kernel that would wait for the other rank is launched.
   EXPECT_NE(error_of([&] { comm.all_reduce(0, x, 101, nullptr); }).find("n = 101 (max_elems is 100)"), std::string::npos);
   EXPECT_NE(error_of([&] { comm.all_reduce(2, x, 10, nullptr); }).find("rank 2 of 2"), std::string::npos);
   EXPECT_NE(error_of([&] { comm.gather(0, shards, 2, 10, out.ptr, 21, nullptr); }).find("cannot fill 21 columns"),
@@ -480,7 +475,7 @@ TEST(Ch06_AllReduceCuda, ErrorsAndOneRank) {
             std::string::npos);
 
   // One rank: the all-reduce leaves x as it is; the gather cuts the one shard at out_cols.
-  CudaCommunicator alone(one_gpu(1), 100, kSpinTimeout);
+  CudaCommunicator alone(one_gpu(1), 100, how, kSpinTimeout);
   Rng rng(5);
   const std::vector<uint16_t> values = reduce_inputs(1, 100, rng)[0];
   CUDA_CHECK(cudaMemcpy(x0.ptr, values.data(), 200, cudaMemcpyHostToDevice));
@@ -493,30 +488,150 @@ TEST(Ch06_AllReduceCuda, ErrorsAndOneRank) {
   alone.gather(0, shards, 2, 10, out.ptr, 7, nullptr);
   std::vector<float> gathered = out.get();
   gathered.resize(14);
-  EXPECT_EQ(compare_bits(gathered, gather_reference({logits}, 2, 10, 7)), "");
+  EXPECT_EQ(compare_bits(gathered, gather_reference({logits}, 2, 10, 7)), "") << name(how);
 }
 
-TEST(Ch06_AllReduceCuda, OneRankPerGpu) {
-  SKIP_WITHOUT_GPU();
+// How many GPUs (up to 4) the multi-GPU tests use: 0 or 1 when there are fewer than two, or when two of
+// the first four have no peer-to-peer path.
+int gpus_with_peer_access() {
   int count = 0;
   CUDA_CHECK(cudaGetDeviceCount(&count));
-  if (count < 2) GTEST_SKIP() << "one GPU: the ranks-on-one-GPU tests cover the kernels, not peer access";
   const int gpus = std::min(count, 4);
   for (int a = 0; a < gpus; a++)
     for (int b = 0; b < gpus; b++) {
       int possible = 1;
       if (a != b) CUDA_CHECK(cudaDeviceCanAccessPeer(&possible, a, b));
-      if (!possible) GTEST_SKIP() << "GPU " << a << " cannot access GPU " << b << "'s memory (no peer-to-peer path)";
+      if (!possible) return 1;
     }
+  return gpus;
+}
+
+}  // namespace
+
+TEST(Ch06_AllReduceCuda, SizesOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3, 4}) check_sizes(one_gpu(world), kSpin);
+}
+
+TEST(Ch06_AllReduceCuda, ManyCallsOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3, 4}) check_many_calls(one_gpu(world), kSpin);
+}
+
+TEST(Ch06_AllReduceCuda, GatherOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3, 4}) check_gather(one_gpu(world), kSpin);
+}
+
+TEST(Ch06_AllReduceCuda, CudaGraphOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3}) check_graph(one_gpu(world));
+}
+
+TEST(Ch06_AllReduceCuda, ErrorsAndOneRank) {
+  SKIP_WITHOUT_GPU();
+  check_errors_and_one_rank(kSpin);
+}
+
+TEST(Ch06_AllReduceCuda, OneRankPerGpu) {
+  SKIP_WITHOUT_GPU();
+  const int gpus = gpus_with_peer_access();
+  if (gpus < 2) GTEST_SKIP() << "fewer than two GPUs with peer access to each other";
   std::vector<int> each, shared;  // rank r on device r; 4 ranks two to a GPU, {0, 1, 0, 1}
   for (int d = 0; d < gpus; d++) each.push_back(d);
   for (int r = 0; r < 4; r++) shared.push_back(r % 2);
-  check_sizes(each);
-  check_many_calls(each);
-  check_gather(each);
+  check_sizes(each, kSpin);
+  check_many_calls(each, kSpin);
+  check_gather(each, kSpin);
   check_graph(each);
-  check_sizes(shared);
-  check_many_calls(shared);
+  check_sizes(shared, kSpin);
+  check_many_calls(shared, kSpin);
+}
+
+// The same checks on the stream-ordered collectives (v1), which spin nowhere: compute-sanitizer runs these.
+
+TEST(Ch06_AllReduceCudaEvents, SizesOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3, 4}) check_sizes(one_gpu(world), kEvents);
+}
+
+TEST(Ch06_AllReduceCudaEvents, ManyCallsOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3, 4}) check_many_calls(one_gpu(world), kEvents);
+}
+
+TEST(Ch06_AllReduceCudaEvents, GatherOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  for (int world : {2, 3, 4}) check_gather(one_gpu(world), kEvents);
+}
+
+TEST(Ch06_AllReduceCudaEvents, ErrorsAndOneRank) {
+  SKIP_WITHOUT_GPU();
+  check_errors_and_one_rank(kEvents);
+}
+
+// A CUDA graph cannot hold one rank's half of a cross-stream event wait: every rank refuses alike, before
+// the host barrier (no rank is left waiting there), and the capture itself stays valid.
+TEST(Ch06_AllReduceCudaEvents, CaptureIsRefused) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int> devices = one_gpu(2);
+  CudaCommunicator comm(devices, 64, kEvents);
+  Ranks ranks(devices, 64 * sizeof(float));
+  std::vector<bf16*> x = ranks.alloc<bf16>(64);
+  std::vector<float*> shards = ranks.alloc<float>(64);
+  std::vector<float*> out = ranks.alloc<float>(128);
+  std::vector<std::string> refusals(2);
+  std::vector<std::string> errors = ranks.run(comm, [&](int rank) {
+    const cudaStream_t stream = ranks.stream(rank);
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    refusals[size_t(rank)] = error_of([&] { comm.all_reduce(rank, x.data(), 64, stream); }) + " | " +
+                             error_of([&] { comm.gather(rank, shards.data(), 2, 32, rank == 0 ? out[0] : nullptr, 64, stream); });
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  });
+  ASSERT_TRUE(errors.empty()) << lines(errors);
+  for (const std::string& refusal : refusals) {
+    EXPECT_NE(refusal.find("all_reduce: the stream-ordered collectives (events) cannot be captured"), std::string::npos)
+        << refusal;
+    EXPECT_NE(refusal.find("gather: the stream-ordered collectives (events) cannot be captured"), std::string::npos)
+        << refusal;
+  }
+  // Eager calls still work afterwards.
+  check_sizes(devices, kEvents);
+}
+
+// Rank 1 fails before its first collective. Its peers wait for it on the host, not on the GPU: abort()
+// (what RankThreads' on_failure does in the engine, Ranks::run here) lets them out with an Error.
+TEST(Ch06_AllReduceCudaEvents, AFailedRankDoesNotHangItsPeers) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int> devices = one_gpu(3);
+  CudaCommunicator comm(devices, 64, kEvents);
+  Ranks ranks(devices, 64 * sizeof(uint16_t));
+  std::vector<bf16*> x = ranks.alloc<bf16>(64);
+  std::vector<std::string> errors = ranks.run(comm, [&](int rank) {
+    if (rank == 1) fail("rank 1 gives up");
+    comm.all_reduce(rank, x.data(), 64, ranks.stream(rank));
+    CUDA_CHECK(cudaStreamSynchronize(ranks.stream(rank)));
+  });
+  ASSERT_EQ(errors.size(), 3u) << lines(errors);
+  EXPECT_NE(errors[0].find("rank 0: another tensor-parallel rank failed"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 1: rank 1 gives up"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[2].find("rank 2: another tensor-parallel rank failed"), std::string::npos) << errors[2];
+}
+
+TEST(Ch06_AllReduceCudaEvents, OneRankPerGpu) {
+  SKIP_WITHOUT_GPU();
+  const int gpus = gpus_with_peer_access();
+  if (gpus < 2) GTEST_SKIP() << "fewer than two GPUs with peer access to each other";
+  std::vector<int> each, shared;  // rank r on device r; 4 ranks two to a GPU, {0, 1, 0, 1}
+  for (int d = 0; d < gpus; d++) each.push_back(d);
+  for (int r = 0; r < 4; r++) shared.push_back(r % 2);
+  check_sizes(each, kEvents);
+  check_many_calls(each, kEvents);
+  check_gather(each, kEvents);
+  check_sizes(shared, kEvents);
+  check_many_calls(shared, kEvents);
 }
 
 #else

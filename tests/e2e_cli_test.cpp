@@ -180,6 +180,9 @@ TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
       {"generate" + a + " --prompt-ids 1,2 --temperature -1", 2, "error: temperature must be >= 0 (0 = greedy), got -1 (usage: "},
       {"generate" + a + " --prompt-ids 1,2 --max-tokens 0", 2, "error: max_tokens must be >= 1, got 0 (usage: "},
       {"generate" + a + " --prompt-ids 1,2 --kv-cache-blocks 0", 2, "error: --kv-cache-blocks must be in [1, "},
+      {"generate" + a + " --prompt-ids 1,2 --collectives nccl", 2, "error: --collectives must be spin or events, got 'nccl' (usage: "},
+      {"bench-step --device cpu --model " + golden_model("tiny-qwen3-a") + " --collectives flags", 2,
+       "error: --collectives must be spin or events, got 'flags' (usage: "},
       // A request the engine cannot run is a failure (exit 1).
       {"generate" + a + " --prompt-ids 1,512", 1, "error: request 0: token id 512 is outside the vocabulary [0, 512)\n"},
       {"generate" + a + " --prompt-ids 1,2 --max-model-len 4 --max-tokens 3", 1,

@@ -2,10 +2,12 @@
 # The GPU session in one command (for a machine with a CUDA GPU): build for the H200 (sm_90), then the
 # phases named on the command line, in order, each logging under OUT_DIR:
 #   test       every test binary (GPU tests included), a summary line each
-#   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 05-07
+#   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 05-07 (06's
+#              collectives in their stream-ordered version only), and over tensor parallelism end to end
+#              on them (E2E_Gpu.TensorParallelWithStreamOrderedCollectives, `generate --collectives events`)
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
-#   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2
+#   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
 out=${1:-build-gpu/logs}
@@ -28,13 +30,28 @@ for phase in $phases; do
         echo "$(basename "$t"): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$(basename "$t").log" | tr '\n' ' ')"
       done ;;
     sanitize)
+      # The sanitizer runs one kernel at a time, so the spinning collectives (Ch06_AllReduceCuda, the
+      # engine's default) cannot run under it: a rank's kernel would wait for a peer's kernel that cannot
+      # start, until the spin timeout. The stream-ordered ones (--collectives events) can.
+      sanitize() {  # LOG_NAME TOOL COMMAND...
+        local name=$1 tool=$2
+        shift 2
+        timeout 1800 compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" > "$out/$tool-$name.log" 2>&1
+        local rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "$tool $name: exit $rc $(grep -m1 'ERROR SUMMARY' "$out/$tool-$name.log")"
+      }
       for c in 05 06 07; do
-        for tool in memcheck racecheck; do
-          compute-sanitizer --tool $tool --error-exitcode 9 $B/test_ch$c --gtest_filter="Ch${c}_*Cuda*" \
-            > "$out/$tool-ch$c.log" 2>&1
-          echo "$tool ch$c: exit $? $(grep -m1 'ERROR SUMMARY' "$out/$tool-ch$c.log")"
-        done
-      done ;;
+        filter="Ch${c}_*Cuda*"
+        [ $c = 06 ] && filter="Ch06_*Cuda*:-Ch06_AllReduceCuda.*"
+        for tool in memcheck racecheck; do sanitize ch$c $tool $B/test_ch$c --gtest_filter="$filter"; done
+      done
+      for tool in memcheck racecheck; do
+        sanitize tp-events $tool $B/test_e2e --gtest_filter='E2E_Gpu.TensorParallelWithStreamOrderedCollectives'
+      done
+      sanitize generate-tp2-events memcheck $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
+        --device cuda --prompt-ids 1,2,3,4,5 --temperature 0 --max-tokens 8 --tensor-parallel-size 2 \
+        --collectives events --kv-cache-blocks 8 --max-num-seqs 8 ;;
     bench)
       $B/nanovllm bench --random qwen3-0.6b 2>&1 | tee "$out/bench.log" | grep -E "Total|TTFT|prefill steps|decode reads"
       $B/nanovllm bench --random qwen3-0.6b --profile > "$out/bench-profile.log" 2>&1
@@ -51,7 +68,10 @@ for phase in $phases; do
     tp)
       $B/test_ch04 --gtest_filter='*TensorParallel*' --gtest_brief=1 2>&1 | tail -3
       $B/test_ch06 --gtest_filter='*AllReduce*' --gtest_brief=1 2>&1 | tail -3
-      $B/nanovllm bench --random qwen3-0.6b --tensor-parallel-size 2 2>&1 | tee "$out/bench-tp2.log" | grep -E "Total" ;;
+      $B/test_e2e --gtest_filter='*TensorParallel*' --gtest_brief=1 2>&1 | tail -3
+      $B/nanovllm bench --random qwen3-0.6b --tensor-parallel-size 2 2>&1 | tee "$out/bench-tp2.log" | grep -E "Total"
+      $B/nanovllm bench --random qwen3-0.6b --tensor-parallel-size 2 --collectives events 2>&1 |
+        tee "$out/bench-tp2-events.log" | grep -E "Total" ;;
   esac
   echo "$phase: $(( $(date +%s) - t0 )) s"
 done

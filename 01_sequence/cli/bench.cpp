@@ -168,6 +168,7 @@ int cmd_bench(const Flags& flags) {
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
   config.linear_version = linear_version_from(flags);
+  config.collectives = collectives_from(flags);
   config.trace = flags.has("trace");
   config.seed = flags.get_uint64("seed", 0);
 
@@ -254,6 +255,7 @@ int cmd_bench_step(const Flags& flags) {
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
   config.linear_version = linear_version_from(flags);
+  config.collectives = collectives_from(flags);
   config.validate();
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();

@@ -116,4 +116,10 @@ int linear_version_from(const Flags& flags) {
   return int(flags.get_int("linear-version", kLinearVersionDefault, kLinearVersionMin, kLinearVersionMax));
 }
 
+std::string collectives_from(const Flags& flags) {
+  const std::string value = flags.get("collectives", "spin");
+  if (value != "spin" && value != "events") throw UsageError("--collectives must be spin or events, got '" + value + "'");
+  return value;
+}
+
 }  // namespace nanovllm

@@ -55,6 +55,10 @@ int attention_version_from(const Flags& flags);
 // 06_tensor_parallel/linear.h), default 2. A usage error names the range.
 int linear_version_from(const Flags& flags);
 
+// --collectives spin|events: how GPU tensor-parallel ranks wait for each other (EngineConfig::collectives);
+// default spin. Any other value is a usage error.
+std::string collectives_from(const Flags& flags);
+
 // The subcommands, one file each in 01_sequence/cli/; main() dispatches.
 int cmd_generate(const Flags& flags);         // generate.cpp
 int cmd_logits(const Flags& flags);           // generate.cpp

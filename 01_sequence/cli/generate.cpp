@@ -68,6 +68,7 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   c.cpu_memory_mib = int(f.get_int("cpu-memory-mib", c.cpu_memory_mib, 1, 1 << 24));
   c.attention_version = attention_version_from(f);
   c.linear_version = linear_version_from(f);
+  c.collectives = collectives_from(f);
   c.kvcache_block_size = int(f.get_int("block-size", c.kvcache_block_size, 16, 1 << 16));
   if (c.kvcache_block_size % 16 != 0) throw UsageError("--block-size must be a multiple of 16");
   c.num_kvcache_blocks = int(f.get_int("kv-cache-blocks", -1, 1, 1 << 30));

@@ -30,7 +30,7 @@ struct Command {
 const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs", "max-num-batched-tokens",
                                                "max-model-len", "gpu-memory-utilization", "block-size",
                                                "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer",
-                                               "cpu-memory-mib", "attention-version", "linear-version"};
+                                               "cpu-memory-mib", "attention-version", "linear-version", "collectives"};
 const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace"};
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -48,13 +48,13 @@ const std::vector<Command>& commands() {
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
-        "tensor-parallel-size", "attention-version", "linear-version"},
+        "tensor-parallel-size", "attention-version", "linear-version", "collectives"},
        {"enforce-eager", "trace", "profile"},
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
       {"bench-step", nanovllm::cmd_bench_step,
        {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
-        "attention-version", "linear-version", "tensor-parallel-size"},
+        "attention-version", "linear-version", "tensor-parallel-size", "collectives"},
        {},
        "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
        "step, kernel by kernel, with GB/s"},
@@ -86,6 +86,9 @@ const char* const kEngineOptionsHelp =
     "                default: each phase's fastest) --linear-version N (1-4: chapter 06's projections on the\n"
     "                GPU, 1 cuBLAS only, 2 + our GEMV for one row, 3 + timed cuBLASLt, 4 + our split-K GEMM;\n"
     "                default 2) --seed S --trace\n"
+    "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
+    "                kernels that wait on flags; events, CUDA events and a host barrier, eager only, for\n"
+    "                compute-sanitizer)\n"
     "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
 
 void print_usage(FILE* out) {
