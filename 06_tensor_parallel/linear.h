@@ -113,13 +113,16 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   v2  linear_gemv_cuda   our kernel for n <= 16: the weights streamed once     (linear_gemv.cu)
 //   v3  CublasLtLinear     cuBLASLt, the fastest of its candidates, timed per shape (linear_cublaslt.cpp)
 //   v4  linear_split_k_cuda  our tensor-core GEMM, 64 x 64 tiles and split-K   (linear_split_k.cu)
+//   v5  linear_gemv_mma_cuda our GEMV on tensor cores for n <= 16               (linear_gemv_mma.cu)
 // CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
 //   --linear-version 1   v1 only
 //   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above (the default: the fastest measured)
 //   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
+//   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows (the default: the
+//                        fastest measured)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
-constexpr int kLinearVersionMin = 1, kLinearVersionMax = 4, kLinearVersionDefault = 2;
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 5, kLinearVersionDefault = 5;
 
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
@@ -154,9 +157,25 @@ void linear_gemv_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int
 // blocks for two per SM, each split at least 128 in_features deep, the partials within workspace_bytes).
 // Needs in_features % 8 == 0 and 16-byte aligned x and W (linear_split_k_fits).
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes);
+// y (n_by_out elements) = the sum of partial[s] (n_by_out fp32 each) over s < splits, added in split order
+// and rounded once: the second kernel of every split-K projection (v4, v5).
+void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t n_by_out, int splits,
+                       cudaStream_t stream);
 bool linear_split_k_fits(const bf16* x, const bf16* W, int n, int in_features);
 void linear_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                          int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// v5: for 1 <= n <= kGemvMaxRows: every warp streams 16-byte chunks of 16 weight rows straight into
+// mma.sync fragments (the k order permuted the same way in W and x), the in_features split over warps
+// and, for few outputs, over blocks (fp32 partials in `workspace`, added by add_partials_cuda).
+// linear_gemv_mma_splits: the block split it uses. Needs what v2 needs (linear_gemv_fits).
+int linear_gemv_mma_splits(int n, int in_features, int out_features, size_t workspace_bytes);
+// ...which beats v2 and cuBLAS from 2 to 8 rows only: a decode step on the H200 (bench-step, graph) took
+// 1.187 ms at batch 2 (v2 and cuBLAS: 1.342), 1.423 at batch 8 (1.491), but 1.134 at batch 1 (v2: 0.989)
+// and 2.009 at batch 16 (cuBLAS: 1.808). CudaLinear uses it up to this many rows.
+constexpr int kGemvMmaFasterRows = 8;
+void linear_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                          int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // v3: cuBLASLt with an algorithm chosen per shape by timing (nano-vllm leaves the choice to PyTorch, that
 // is to cuBLAS's heuristic). A shape is (device, n rounded up to a multiple of 16, in, out, output dtype,
@@ -205,7 +224,7 @@ class CublasLtLinear {
 // cuBLAS's default does well, and prompts would bring too many distinct shapes to time each one.
 constexpr int kTunedMaxRows = 512;
 
-// The projection of the CUDA backend: v2, v3, v4 or v1 by n and `version` (kLinearVersionMin ..
+// The projection of the CUDA backend: v2, v3, v4, v5 or v1 by n and `version` (kLinearVersionMin ..
 // kLinearVersionMax, see there). `cublas` must be bound to `stream` and to the same workspace
 // (cublasSetStream, cublasSetWorkspace): the versions share it, one after another on the one stream.
 class CudaLinear {

@@ -33,6 +33,10 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (n == 0) return;
+  if (version_ == 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
+    linear_gemv_mma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
+    return;
+  }
   if (version_ == 4 && n > kGemvFasterRows && n <= kTunedMaxRows && linear_split_k_fits(x, W, n, in_features)) {
     linear_split_k_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
     return;
@@ -41,7 +45,7 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
     linear_gemv_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;
   }
-  if (version_ >= 3 && n <= kTunedMaxRows &&
+  if (version_ == 3 && n <= kTunedMaxRows &&
       lt_.run(y, y_is_fp32, x, W, n, in_features, out_features))
     return;
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);

@@ -135,6 +135,25 @@ TEST(Ch06_LinearCuda, SplitKMatchesCpu) {  // v4
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
+TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  CudaContext ctx;
+  const Project v5 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
+  };
+  // One and two x tiles (n <= 8, n <= 16), ragged n; Qwen3-0.6B's four projections (split over blocks
+  // or not); in_features not a multiple of 32 (96: a half block; 200: 25 chunks); 290 and 33 outputs
+  // (the last group of 16 is partial); a wide one like the LM head.
+  for (int n : {1, 2, 3, 8, 9, 16})
+    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 96, 290},
+                    Shape{n, 200, 33}, Shape{n, 1024, 20011}})
+      expect_matches_cpu(v5, s, rng, "v5 (" + std::to_string(linear_gemv_mma_splits(s.n, s.in, s.out, ctx.workspace.n)) + " splits)");
+  EXPECT_EQ(linear_gemv_mma_splits(1, 2048, 1024, ctx.workspace.n), 4);  // 64 output groups: split
+  EXPECT_EQ(linear_gemv_mma_splits(1, 1024, 6144, ctx.workspace.n), 1);  // 384 groups: enough
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+}
+
 TEST(Ch06_LinearCuda, CublasLtMatchesCpuAndRepeatsItsChoice) {  // v3
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);

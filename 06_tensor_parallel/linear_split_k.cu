@@ -170,6 +170,17 @@ void launch_split_k(OutT* y, const bf16* x, const bf16* W, int n, int in, int ou
 
 }  // namespace
 
+void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t elems, int splits, cudaStream_t stream) {
+  const unsigned blocks = unsigned((elems + 255) / 256);
+  if (y_is_fp32)
+    launch_overlapped(linear_split_k_reduce_kernel<float>, blocks, 256, 0, stream, static_cast<float*>(y), partial,
+                      elems, splits);
+  else
+    launch_overlapped(linear_split_k_reduce_kernel<bf16>, blocks, 256, 0, stream, static_cast<bf16*>(y), partial,
+                      elems, splits);
+  CUDA_CHECK_LAUNCH();
+}
+
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes) {
   // Enough blocks for two per SM on a 132-SM GPU, each split at least two stages deep, and the partials
   // within the workspace.
