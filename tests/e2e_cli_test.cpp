@@ -172,6 +172,16 @@ TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {
   EXPECT_NE(help.out.find("--linear-version N (1-5"), std::string::npos) << help.out;
 }
 
+TEST(E2E_Cli, BenchStepPrintsTheStepFloor) {
+  // tiny-qwen3-b on the CPU (fp32): 557,856 weights read per step (its untied embedding only by rows;
+  // Ch04_Config.Qwen3LayoutShapesAndParameterCounts counts them), 2,231,424 bytes; K/V: 3 sequences x 40
+  // tokens x 3 layers x (K, V) x 2 KV heads x 64 dims x 4 bytes = 368,640 bytes.
+  auto r = run_nanovllm("bench-step --device cpu --model " + golden_model("tiny-qwen3-b") +
+                        " --batch 3 --context 40 --iters 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("floor: 2.6 MB per step (weights 2.2 MB + K/V 0.4 MB)\n"), std::string::npos) << r.out;
+}
+
 TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
   const std::string a = " --device cpu --model " + golden_model("tiny-qwen3-a");
   struct Case { std::string args; int exit_code; std::string message; };

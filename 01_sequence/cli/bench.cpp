@@ -198,7 +198,7 @@ int cmd_bench(const Flags& flags) {
   const double prefill_seconds = s.prefill_seconds - before.prefill_seconds;
   // Bytes a decode step must read at least: every weight once, and the K/V of every context token.
   const ModelConfig& mc = engine.model_runner().model_config();
-  const double weight_bytes = double(parameter_count(mc)) * 2;  // bf16
+  const double weight_bytes = decode_step_weight_bytes(mc, engine.config().device == "cpu" ? 4 : 2);  // fp32 / bf16
   const double kv_bytes_per_token = double(engine.model_runner().kv_block_bytes()) / config.kvcache_block_size;
   const double decode_bytes = double(decode_steps) * weight_bytes +
                               double(s.decode_context_tokens - before.decode_context_tokens) * kv_bytes_per_token;
@@ -293,6 +293,10 @@ int cmd_bench_step(const Flags& flags) {
   for (OpTime& op : ops) op.milliseconds /= iterations, op.calls /= iterations;
 
   const double kv_bytes_per_token_layer = double(runner.kv_block_bytes()) / block_size / mc.num_hidden_layers;
+  // The step's floor: what it must read at least (every weight once, every context token's K and V once
+  // per layer), at the measured copy bandwidth.
+  const double floor_weights = decode_step_weight_bytes(mc, config.device == "cpu" ? 4 : 2);  // fp32 / bf16
+  const double floor_kv = double(batch) * context * kv_bytes_per_token_layer * mc.num_hidden_layers;
   if (copy_gbps > 0)
     std::printf("decode step: batch %d, context %d, %s; copy bandwidth %.0f GB/s\n", batch, context,
                 config.device.c_str(), copy_gbps);
@@ -303,6 +307,13 @@ int cmd_bench_step(const Flags& flags) {
     std::printf("step time: %.3f ms (host work included; no CUDA graphs on this device)\n", eager_ms);
   else
     std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", eager_ms, graph_ms);
+  if (copy_gbps > 0)
+    std::printf("floor: %.1f MB per step (weights %.1f MB + K/V %.1f MB) = %.3f ms at the copy bandwidth\n",
+                (floor_weights + floor_kv) / 1e6, floor_weights / 1e6, floor_kv / 1e6,
+                (floor_weights + floor_kv) / (copy_gbps * 1e9) * 1e3);
+  else
+    std::printf("floor: %.1f MB per step (weights %.1f MB + K/V %.1f MB)\n", (floor_weights + floor_kv) / 1e6,
+                floor_weights / 1e6, floor_kv / 1e6);
   std::printf("%-34s %6s %10s %10s %9s %7s\n", "operation", "calls", "us/step", "MB/step", "GB/s", "% copy");
   double total_ms = 0;
   for (const OpTime& op : ops) {

@@ -286,4 +286,9 @@ int64_t parameter_count(const ModelConfig& config) {
   return total;
 }
 
+double decode_step_weight_bytes(const ModelConfig& config, int bytes_per_weight) {
+  const int64_t embedding = config.tie_word_embeddings ? 0 : int64_t(config.vocab_size) * config.hidden_size;
+  return double(parameter_count(config) - embedding) * bytes_per_weight;
+}
+
 }  // namespace nanovllm

@@ -61,5 +61,9 @@ std::vector<TensorSpec> qwen3_checkpoint_layout(const ModelConfig& config);
 
 // Total number of weights in the layout (0.6B for Qwen3-0.6B, counting the tied embedding once).
 int64_t parameter_count(const ModelConfig& config);
+// Bytes of weights a decode step reads at least, bytes_per_weight each (2 for the GPU's bf16, 4 for the
+// CPU's fp32): every parameter once, except an untied input embedding, of which a step reads only its
+// tokens' rows (a tied one is read whole, as the LM head).
+double decode_step_weight_bytes(const ModelConfig& config, int bytes_per_weight);
 
 }  // namespace nanovllm

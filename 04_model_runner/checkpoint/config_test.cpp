@@ -261,4 +261,8 @@ TEST(Ch04_Config, Qwen3LayoutShapesAndParameterCounts) {
   // b's count by hand: embed + head 2 * 96000; per layer q 36864 + k 12288 + v 12288 + o 36864 +
   // mlp 3 * 18432 + norms 96 + 96 + 64 + 64 = 153920; three layers 461760; final norm 96.
   EXPECT_EQ(parameter_count(c), 192000 + 461760 + 96);
+  // A decode step reads b's untied embedding only by rows: the floor counts the LM head, not the table.
+  EXPECT_EQ(decode_step_weight_bytes(c, 2), double(96000 + 461760 + 96) * 2);
+  c.tie_word_embeddings = true;  // tied: one (1000, 96) table, read whole as the LM head
+  EXPECT_EQ(decode_step_weight_bytes(c, 4), double(96000 + 461760 + 96) * 4);
 }
