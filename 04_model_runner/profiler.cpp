@@ -5,6 +5,9 @@
 #include <map>
 
 #include "01_sequence/base/cuda_utils.h"
+#ifdef NANOVLLM_CUDA
+#include <cuda_profiler_api.h>
+#endif
 
 namespace nanovllm {
 
@@ -144,6 +147,18 @@ double measure_copy_bandwidth() {
   return 2.0 * double(bytes) * reps / (ms * 1e-3) / 1e9;  // each copy reads and writes `bytes`
 #else
   return 0;
+#endif
+}
+
+void profiler_range_begin() {
+#ifdef NANOVLLM_CUDA
+  if (cuda_device_present()) CUDA_CHECK(cudaProfilerStart());
+#endif
+}
+
+void profiler_range_end() {
+#ifdef NANOVLLM_CUDA
+  if (cuda_device_present()) CUDA_CHECK(cudaProfilerStop());
 #endif
 }
 

@@ -86,4 +86,10 @@ class ProfiledBackend final : public Backend {
 // roofline for memory-bound kernels: ten 1 GiB copies timed with CUDA events. 0 without a GPU.
 double measure_copy_bandwidth();
 
+// Marks where an external profiler should look: between profiler_range_begin() and profiler_range_end()
+// (cudaProfilerStart / cudaProfilerStop), so that `ncu --profile-from-start off` measures those kernels
+// only. No effect without a GPU or without a profiler attached.
+void profiler_range_begin();
+void profiler_range_end();
+
 }  // namespace nanovllm

@@ -10,7 +10,8 @@
 //   v6_pipelined_decode.cu      v2 with K/V streamed through a cp.async pipeline     decode
 //   v7_head_major.cu            v2 with the grid head-fastest                        decode
 //   v8_l2_prefetch.cu           v2 + an L2 prefetch of each warp's next step         decode
-//   v9_tensor_core_decode.cu    split-K decode on tensor cores (mma.sync)            decode (default)
+//   v9_tensor_core_decode.cu    split-K decode on tensor cores (mma.sync)            decode
+//   v10_split_by_batch.cu       v9, split only to fill the GPU (often no combine)    decode (default)
 //
 // Which one runs: attention_version_for (attention_versions.cpp). Measured results: NOTES.md.
 // Build: `make CUDA_ARCH=90`; run one version: `build/nanovllm bench-step --random qwen3-0.6b
@@ -69,11 +70,11 @@ using Launcher = void (*)(const AttentionParams&, const LaunchDims&, cudaStream_
 // Indexed by version number; nullptr where a version does not implement the phase (the table in
 // attention_versions.cpp says the same, and attention_version_for never returns such a pair).
 constexpr Launcher kPrefillLaunchers[] = {launch_v0_naive, launch_v1_gqa, nullptr, nullptr, nullptr,
-                                          launch_v5_tensor_core_prefill, nullptr, nullptr, nullptr, nullptr};
+                                          launch_v5_tensor_core_prefill, nullptr, nullptr, nullptr, nullptr, nullptr};
 constexpr Launcher kDecodeLaunchers[] = {launch_v0_naive,    launch_v1_gqa, launch_v2_split_k, launch_v3_staged_table,
                                          launch_v4_prefetch, nullptr,       launch_v6_pipelined_decode,
                                          launch_v7_head_major, launch_v8_l2_prefetch,
-                                         launch_v9_tensor_core_decode};
+                                         launch_v9_tensor_core_decode, launch_v10_split_by_batch};
 
 // The fields every version reads; the phase-specific ones are filled by the caller.
 AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
@@ -86,7 +87,7 @@ AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_
   return p;
 }
 
-// The 16-byte loads and stores of v1-v9 need 16-byte aligned rows (v0 takes any).
+// The 16-byte loads and stores of v1-v10 need 16-byte aligned rows (v0 takes any).
 void check_alignment(int version, const bf16* q, int64_t q_stride, const bf16* out, int64_t out_stride) {
   if (version == 0) return;
   if (q_stride % 8 != 0 || out_stride % 8 != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
@@ -120,13 +121,23 @@ int decode_partition_size(int num_seqs, const AttentionShape& s) {
   return 64;
 }
 
+int decode_splits(int num_seqs, const AttentionShape& s) {
+  // About one block per SM of an H200 (132): measured at batch 1-256 and context 1,000 (NOTES.md, v10),
+  // more blocks than that only shorten each block's run of keys, and its fixed costs (loading q, filling
+  // the pipeline, merging its warps) stay. Once the batch alone gives that many blocks, 1 split.
+  constexpr int kBlocksToFill = 128;
+  const int work = num_seqs * s.num_kv_heads;
+  return std::max(1, (kBlocksToFill + work - 1) / work);
+}
+
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) {
-  // Every split-K version (v2, v3, v4, v6) uses decode_partition_size; v0 and v1 need no scratch.
+  // v2-v9 cut the context into decode_partition_size partitions, v10 into decode_splits; v0 and v1 need no
+  // scratch, nor does v10 with 1 split.
   size_t most = 0;
   for (int b = 1; b <= max_seqs; b++) {
     const int size = decode_partition_size(b, s);
     const size_t parts = size_t(std::max(1, (max_context_len + size - 1) / size));
-    most = std::max(most, size_t(b) * s.num_heads * parts);
+    most = std::max(most, size_t(b) * s.num_heads * std::max<size_t>(parts, size_t(decode_splits(b, s))));
   }
   return most * (size_t(s.head_dim) + 2) * sizeof(float);
 }
@@ -145,6 +156,7 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
   // decode_attention_scratch_bytes counted them: m, then l, then O.
   p.partition_size = decode_partition_size(num_seqs, shape);
   p.max_partitions = std::max(1, (max_context_len + p.partition_size - 1) / p.partition_size);
+  if (v == 10) p.splits = decode_splits(num_seqs, shape), p.max_partitions = p.splits;
   const size_t entries = size_t(num_seqs) * shape.num_heads * p.max_partitions;
   p.part_m = scratch;
   p.part_l = scratch + entries;

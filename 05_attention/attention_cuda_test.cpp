@@ -231,7 +231,8 @@ TEST(Ch05_AttentionCuda, DecodeOddHeadDimsRunTheFallback) {
 TEST(Ch05_AttentionCuda, DecodeEveryPartitionSizeAndPaddingRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
-  // 8 KV heads: 4 sequences -> partitions of 64, 16 -> 128, 64 -> 256, 160 -> 512.
+  // 8 KV heads: 4 sequences -> partitions of 64, 16 -> 128, 64 -> 256, 160 -> 512 (v2-v9); v10 splits
+  // 4 ways at 4 sequences, 1 way (no combine) from 16 on.
   for (int B : {4, 16, 64, 160}) {
     std::vector<int> ctx(static_cast<size_t>(B), 0);
     for (int& c : ctx) c = 1 + int(rng() % 1500);
@@ -240,6 +241,10 @@ TEST(Ch05_AttentionCuda, DecodeEveryPartitionSizeAndPaddingRows) {
   // A graph-sized grid (max_model_len) much larger than the contexts, and padding rows of context 0.
   check_decode(shape_of(16, 8, 128, 16), {5, 0, 300, 0}, rng, 4096);
   check_decode(shape_of(16, 8, 64, 256), {0, 0}, rng, 4096);
+  // v10 with 1 split (16 sequences x 8 KV heads and more): the block writes `out` itself, zeros for padding.
+  std::vector<int> padded(20, 0);
+  for (size_t b = 0; b < padded.size(); b += 2) padded[b] = 1 + int(rng() % 1500);
+  check_decode(shape_of(16, 8, 128, 16), padded, rng, 4096);
 }
 
 #else

@@ -728,7 +728,13 @@ TEST(Ch05_Versions, TableIsNumberedInOrderAndEachFileExists) {
     EXPECT_TRUE(v.prefill || v.decode) << name << " implements no phase";
     EXPECT_GT(std::string(v.idea).size(), 10u) << name;
     const std::string file = std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/" + name + ".cu";
-    EXPECT_TRUE(read_file(file).find("__global__") != std::string::npos) << file << " holds no kernel";
+    // A version holds its kernel, or (v10) launches an earlier version's kernel with a new policy, and
+    // then names that version's file.
+    const std::string text = read_file(file);
+    bool reuses_earlier = false;
+    for (size_t j = 0; j < i; j++) reuses_earlier |= text.find(std::string(table[j].name) + ".cu") != std::string::npos;
+    EXPECT_TRUE(text.find("__global__") != std::string::npos || reuses_earlier)
+        << file << " holds no kernel and names no earlier version whose kernel it launches";
     const std::string readme = read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/README.md");
     const std::string notes = read_file(std::string(NANOVLLM_SOURCE_DIR) + "/05_attention/NOTES.md");
     EXPECT_NE(readme.find(name), std::string::npos) << "README.md does not walk " << name;

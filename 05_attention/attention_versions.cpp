@@ -26,6 +26,8 @@ const std::vector<AttentionVersion>& attention_versions() {
        "v2 + each warp asks L2 for its next step's K/V lines while it computes (no registers held)"},
       {9, "v9_tensor_core_decode", false, true,
        "split-K decode on tensor cores: the G query rows ride in one mma; per-warp cp.async pipelines"},
+      {10, "v10_split_by_batch", false, true,
+       "v9 with each context split just enough to fill the GPU; from 16 sequences on, 1 split and no combine"},
   };
   return table;
 }
@@ -41,7 +43,7 @@ int attention_version_for(AttentionPhase phase, int requested, const AttentionSh
   const int fallback = decode ? kDefaultDecodeVersion : kDefaultPrefillVersion;
   int version = requested == kAttentionVersionDefault ? fallback : requested;
   if (!(decode ? table[size_t(version)].decode : table[size_t(version)].prefill)) version = fallback;
-  // v1-v9 are instantiated for head dims 64 and 128; their decode kernels hold the G query heads of a
+  // v1-v10 are instantiated for head dims 64 and 128; their decode kernels hold the G query heads of a
   // group as rows of one block, at most 8. Anything else runs on v0, which takes any shape.
   const int group = shape.num_heads / shape.num_kv_heads;
   const bool fast_shape = (shape.head_dim == 64 || shape.head_dim == 128) && (!decode || group <= 8);

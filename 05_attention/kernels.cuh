@@ -36,7 +36,18 @@ struct AttentionParams {
   float* part_m;        // (num_seqs, num_heads, max_partitions): running max (base 2)
   float* part_l;        // (num_seqs, num_heads, max_partitions): sum of exp2(s - m)
   float* part_O;        // (num_seqs, num_heads, max_partitions, head_dim): unnormalised output
+  // v10: each sequence's context cut into `splits` near-equal partitions (decode_splits), whatever its
+  // length; 0 = partitions of partition_size keys (v2-v9). With 1 split the block writes `out` itself.
+  int splits;
 };
+
+// Keys per partition of a sequence with `context` keys: partition_size, or for v10 the context over
+// `splits` rounded up to whole 16-key tiles (at least one tile).
+__host__ __device__ inline int partition_size_for(const AttentionParams& p, int context) {
+  if (p.splits == 0) return p.partition_size;
+  const int keys = (context + p.splits - 1) / p.splits;
+  return keys <= 16 ? 16 : (keys + 15) / 16 * 16;
+}
 
 // The launch size the dispatch knows: num_seqs, the most query rows of one sequence (1 in decode) and
 // the most keys (max_context_len in decode, bounding the partitions).
@@ -58,6 +69,9 @@ void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims
 void launch_v7_head_major(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v8_l2_prefetch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+void launch_v10_split_by_batch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+// v9's kernel alone (v9_tensor_core_decode.cu): the partials, or `out` itself when p.splits == 1.
+void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 

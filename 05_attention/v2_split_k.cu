@@ -67,7 +67,8 @@ __global__ void decode_combine_kernel(AttentionParams p) {
     out[d] = __float2bfloat16(0.0f);
     return;
   }
-  const int parts = (context + p.partition_size - 1) / p.partition_size;
+  const int partition_size = partition_size_for(p, context);
+  const int parts = (context + partition_size - 1) / partition_size;
   const int64_t base = (int64_t(seq) * p.num_heads + head) * p.max_partitions;
   float M = -INFINITY;
   for (int i = 0; i < parts; i++) M = fmaxf(M, p.part_m[base + i]);

@@ -87,7 +87,7 @@ __device__ inline void load_tile(const AttentionParams& p, const int32_t* block_
 }
 
 // Block (partition, kv_head, seq): the G query heads of kv_head over one partition of the context ->
-// their partial (m, l, O), as v2's store_partials writes them.
+// their partial (m, l, O), as v2's store_partials writes them; with p.splits == 1 (v10), their output.
 template <int HEAD_DIM>
 __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode_kernel(AttentionParams p) {
   constexpr int kSteps = HEAD_DIM / 16;  // k-steps of Q K^T, m-tiles of O^T
@@ -99,9 +99,16 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   const int seq = blockIdx.z, kv_head = blockIdx.y, partition = blockIdx.x;
   const int G = p.num_heads / p.num_kv_heads;
   const int seqlen_k = p.context_lens[seq];
-  const int key_begin = partition * p.partition_size;
-  const int key_end = min(seqlen_k, key_begin + p.partition_size);
-  if (key_begin >= key_end) return;  // past this sequence's context (or a padding row, context 0)
+  const int partition_size = partition_size_for(p, seqlen_k);
+  const int key_begin = partition * partition_size;
+  const int key_end = min(seqlen_k, key_begin + partition_size);
+  bf16* out = p.out + int64_t(seq) * p.out_stride + int64_t(kv_head * G) * HEAD_DIM;  // (G, HEAD_DIM) of this block
+  if (key_begin >= key_end) {  // past this sequence's context (or a padding row, context 0)
+    // With one split (v10) there is no combine to write a padding row's zeros: this block does.
+    if (p.splits == 1)
+      for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) out[idx] = __float2bfloat16(0.0f);
+    return;
+  }
 
   // Q's A fragments, rows g < G (head kv_head * G + g of query row seq); rows G..15 are zeros.
   uint32_t q_frag[kSteps][2];  // a0, a2 of each k-step (a1 = a3 = 0)
@@ -221,6 +228,10 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
       L += sm_l[w * 8 + r] * weight;
       O += sm_O[(w * 8 + r) * HEAD_DIM + d] * weight;
     }
+    if (p.splits == 1) {  // v10 with one split: this block saw the whole context, so O / L is the answer
+      out[r * HEAD_DIM + d] = __float2bfloat16(O / L);
+      continue;
+    }
     const int64_t part = (int64_t(seq) * p.num_heads + kv_head * G + r) * p.max_partitions + partition;
     if (d == 0) p.part_m[part] = M, p.part_l[part] = L;
     p.part_O[part * HEAD_DIM + d] = O;
@@ -240,9 +251,13 @@ void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t st
 
 }  // namespace
 
+void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
+  if (p.head_dim == 64) launch_for_head_dim<64>(p, num_seqs, stream);
+  else launch_for_head_dim<128>(p, num_seqs, stream);
+}
+
 void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
-  if (p.head_dim == 64) launch_for_head_dim<64>(p, dims.num_seqs, stream);
-  else launch_for_head_dim<128>(p, dims.num_seqs, stream);
+  launch_tensor_core_decode_kernel(p, dims.num_seqs, stream);
   launch_decode_combine(p, dims.num_seqs, stream);
 }
 

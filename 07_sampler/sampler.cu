@@ -1,5 +1,8 @@
 // sampler.cu: argmax of (logits / T + Gumbel noise) per row, or of the logits alone when T = 0.
+#include <algorithm>
 #include <climits>
+
+#include <cooperative_groups.h>
 
 #include "07_sampler/sampler.h"
 #include "07_sampler/sampler_top_k_top_p.h"
@@ -9,48 +12,94 @@ namespace nanovllm {
 namespace {
 
 constexpr int kThreads = 1024;
+constexpr int kMaxChunks = 8;  // blocks per row at most: the largest portable thread-block cluster
 
 // (score, index) pairs compare by score, then prefer the lower index (torch.argmax's first maximum).
 __device__ bool better(float score, int index, float best_score, int best_index) {
   return score > best_score || (score == best_score && index < best_index);
 }
 
+// The best (score, index) over the 32 lanes of a warp, in every lane.
+__device__ void warp_best(float& best, int& best_index) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    float s = __shfl_xor_sync(0xffffffffu, best, off);
+    int i = __shfl_xor_sync(0xffffffffu, best_index, off);
+    if (better(s, i, best, best_index)) best = s, best_index = i;
+  }
+}
+
+// Grid (chunks, num_rows), 1024 threads; with chunks > 1 the chunks of a row are one thread-block cluster.
+// Block (chunk, row) finds the best candidate of its chunk of the row (vocab_size / chunks entries); the
+// cluster's block 0 then reads every block's candidate from its shared memory (distributed shared memory,
+// sm_90) and writes the row's token. One block per row would leave most of the GPU idle at small batches:
+// at batch 1 a single SM would hash and log 151,936 entries.
 __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_size, const SamplingRow* rows) {
   wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
   allow_next_kernel();
-  const SamplingRow row = rows[blockIdx.x];
-  const float* l = logits + int64_t(blockIdx.x) * vocab_size;
+  const int chunk = blockIdx.x, chunks = gridDim.x;
+  const SamplingRow row = rows[blockIdx.y];
+  const float* l = logits + int64_t(blockIdx.y) * vocab_size;
+  const int per_chunk = (vocab_size + chunks - 1) / chunks;
+  const int begin = chunk * per_chunk, end = min(vocab_size, begin + per_chunk);
   float best = -INFINITY;
   int best_index = INT_MAX;
   int non_finite = 0;  // a NaN or +Inf logit anywhere in the row makes the token -1 (as an all -Inf row)
-  for (int i = threadIdx.x; i < vocab_size; i += kThreads) {
+  for (int i = begin + threadIdx.x; i < end; i += kThreads) {
     non_finite |= isnan(l[i]) || l[i] == INFINITY;
     if (l[i] == -INFINITY) continue;  // masked: never a candidate (a row of nothing else gives -1)
     float score = samples_greedily(row.temperature) ? l[i]
                                                     : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
     if (better(score, i, best, best_index)) best = score, best_index = i;
   }
-  // Reduce over the warp, then over the warps.
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    float s = __shfl_xor_sync(0xffffffffu, best, off);
-    int i = __shfl_xor_sync(0xffffffffu, best_index, off);
-    if (better(s, i, best, best_index)) best = s, best_index = i;
-  }
-  __shared__ float warp_best[kThreads / 32];
+  // Reduce over the warp, then over the block's 32 warps.
+  warp_best(best, best_index);
+  __shared__ float warp_score[kThreads / 32];
   __shared__ int warp_index[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_best[warp] = best, warp_index[warp] = best_index;
+  if (lane == 0) warp_score[warp] = best, warp_index[warp] = best_index;
   non_finite = __syncthreads_or(non_finite);  // every warp's candidate is written
-  if (warp != 0) return;
-  best = warp_best[lane], best_index = warp_index[lane];  // kThreads / 32 == 32 candidates, one per lane
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    float s = __shfl_xor_sync(0xffffffffu, best, off);
-    int i = __shfl_xor_sync(0xffffffffu, best_index, off);
-    if (better(s, i, best, best_index)) best = s, best_index = i;
+  if (warp == 0) {
+    best = warp_score[lane], best_index = warp_index[lane];  // kThreads / 32 == 32 candidates, one per lane
+    warp_best(best, best_index);
   }
-  if (lane == 0) tokens[blockIdx.x] = non_finite || best_index == INT_MAX ? -1 : best_index;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (chunks > 1) {
+    __shared__ float chunk_score;  // this block's candidate, read by the cluster's block 0
+    __shared__ int chunk_index, chunk_non_finite;
+    if (threadIdx.x == 0) chunk_score = best, chunk_index = best_index, chunk_non_finite = non_finite;
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every block's candidate is in its shared memory, visible to the cluster
+    if (chunk == 0 && warp == 0) {
+      best = -INFINITY, best_index = INT_MAX, non_finite = 0;
+      if (lane < chunks) {  // lane c reads block c's candidate
+        best = *cluster.map_shared_rank(&chunk_score, lane);
+        best_index = *cluster.map_shared_rank(&chunk_index, lane);
+        non_finite = *cluster.map_shared_rank(&chunk_non_finite, lane);
+      }
+      warp_best(best, best_index);
+      non_finite = __any_sync(0xffffffffu, non_finite);
+    }
+    cluster.sync();  // no block exits (freeing its shared memory) before block 0 has read it
+  }
+#endif
+  if (chunk == 0 && threadIdx.x == 0)
+    tokens[blockIdx.y] = non_finite || best_index == INT_MAX ? -1 : best_index;
+}
+
+// Blocks per row: enough to give the GPU two 1024-thread blocks per SM (the most that fit) when the rows
+// alone do not, up to kMaxChunks; 1 where the kernel running is not sm_90 code (no clusters: its cluster
+// reduction is compiled out).
+int chunks_per_row(int num_rows) {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cudaFuncAttributes kernel = {};
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaFuncGetAttributes(&kernel, sample_kernel));
+    return kernel.binaryVersion >= 90 ? count : 0;
+  }();
+  return std::clamp((2 * sms + num_rows - 1) / num_rows, 1, kMaxChunks);
 }
 
 }  // namespace
@@ -58,7 +107,18 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
                  cudaStream_t stream) {
   if (num_rows == 0) return;
-  launch_overlapped(sample_kernel, num_rows, kThreads, 0, stream, tokens, logits, vocab_size, rows);
+  const int chunks = chunks_per_row(num_rows);
+  // launch_overlapped's launch (cuda_utils.h), with the chunks of a row as one cluster.
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = unsigned(chunks), attrs[1].val.clusterDim.y = 1, attrs[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(chunks), unsigned(num_rows)), config.blockDim = kThreads, config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = !overlapped_launch_supported() ? 0 : chunks > 1 ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, sample_kernel, tokens, logits, vocab_size, rows));
   CUDA_CHECK_LAUNCH();
   // Rows with top-k or top-p: sample_top_k_top_p_kernel (sampler_top_k_top_p.cu) samples them again and
   // overwrites their tokens; on the same stream, it runs after sample_kernel. Which rows those are is only

@@ -72,8 +72,8 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 
 }  // namespace nanovllm
 
-// CUDA (sampler.cu): every row, one block per row, the same random numbers as the CPU. Greedy and
-// temperature rows by sample_kernel; rows asking for top-k or top-p by sample_top_k_top_p_kernel
+// CUDA (sampler.cu): every row, the same random numbers as the CPU. Greedy and temperature rows by
+// sample_kernel (up to 8 blocks per row, a thread-block cluster, when the rows alone leave SMs idle); rows asking for top-k or top-p by sample_top_k_top_p_kernel
 // (sampler_top_k_top_p.cu: radix select, no sort), which writes -1 for a row with a NaN or an infinite
 // maximum. No host synchronisation or allocation: safe inside a CUDA graph.
 #ifdef NANOVLLM_CUDA

@@ -32,11 +32,14 @@ TEST(Ch07_SamplerCuda, SameTokensAsCpu) {
       float temperature = b % 4 == 0 ? 0.0f : 0.3f + 0.1f * float(b % 9);
       settings[b] = {temperature, 0, 1.0f, uint64_t(rng()), uint64_t(b * 7)};
     }
-    // A tie: the lowest index must win on both.
+    // A tie: the lowest index must win on both; and one between the first and the last of a row's chunks
+    // (at 64 rows the GPU splits each row over 5 blocks).
     logits[5] = logits[9] = 100.0f;
+    logits[size_t(4) * vocab + 7] = logits[size_t(4) * vocab + vocab - 2] = 100.0f;
     std::vector<int32_t> want(rows);
     sample_cpu(want.data(), logits.data(), rows, vocab, settings.data());
     EXPECT_EQ(want[0], 5);
+    EXPECT_EQ(want[4], 7);
     DeviceArray<float> d_logits(logits);
     DeviceArray<SamplingRow> d_rows(settings);
     DeviceArray<int32_t> d_tokens{static_cast<size_t>(rows)};
