@@ -114,19 +114,15 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   v3  CublasLtLinear     cuBLASLt, the fastest of its candidates, timed per shape (linear_cublaslt.cpp)
 //   v4  linear_split_k_cuda  our tensor-core GEMM, 64 x 64 tiles and split-K   (linear_split_k.cu)
 //   v5  linear_gemv_mma_cuda our GEMV on tensor cores for n <= 16               (linear_gemv_mma.cu)
-//   v6  linear_cluster_split_k_cuda  v4 with the splits reduced in a cluster   (linear_split_k.cu)
-//   v7  linear_wide_gemv_mma_cuda    v5 for n <= 64, x shared by 32 outputs     (linear_wide_gemv_mma.cu)
 // CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
 //   --linear-version 1   v1 only
 //   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above (the default: the fastest measured)
 //   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
-//   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
-//   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kTunedMaxRows when y is bf16 (the
-//                        layer projections; the LM head's fp32 logits stay on cuBLAS)
-//   --linear-version 7   as 5, and v7 for kGemvMmaFasterRows < n <= kWideGemvMaxRows
+//   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows (the default: the
+//                        fastest measured)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
-constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefault = 5;
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 5, kLinearVersionDefault = 5;
 
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
@@ -166,27 +162,6 @@ int linear_split_k_splits(int n, int in_features, int out_features, size_t works
 void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t n_by_out, int splits,
                        cudaStream_t stream);
 bool linear_split_k_fits(const bf16* x, const bf16* W, int n, int in_features);
-// v6: v4's tiles, with the splits of an output tile one thread-block cluster that adds their fp32 tiles
-// through distributed shared memory: no partials in memory, no second kernel, no workspace.
-// linear_cluster_split_k_splits: its split count (1, 2, 4 or 8: doubled while the tiles give fewer blocks
-// than 132, each split at least 128 in_features deep). Needs what v4 needs, and sm_90 code for this GPU
-// (linear_cluster_split_k_available).
-int linear_cluster_split_k_splits(int n, int in_features, int out_features);
-bool linear_cluster_split_k_available();
-void linear_cluster_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
-                                 int out_features, cudaStream_t stream);
-// v7: v5's tensor-core GEMV for 1 <= n <= kWideGemvMaxRows, each x load multiplied by two groups of 16
-// weight rows (32 outputs per block) and up to 8 tiles of 8 rows of x; the in_features split over 1, 2, 4
-// or 8 blocks of one cluster (linear_wide_gemv_mma_splits: doubled while the 32-output groups give fewer
-// blocks than 132, each split at least 128 in_features deep), added in distributed shared memory. Needs
-// in_features % 8 == 0, 16-byte aligned x and W (linear_wide_gemv_mma_fits) and sm_90 code
-// (linear_wide_gemv_mma_available).
-constexpr int kWideGemvMaxRows = 64;
-int linear_wide_gemv_mma_splits(int n, int in_features, int out_features);
-bool linear_wide_gemv_mma_available();
-bool linear_wide_gemv_mma_fits(const bf16* x, const bf16* W, int n, int in_features);
-void linear_wide_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
-                               int out_features, cudaStream_t stream);
 void linear_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                          int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 

@@ -33,17 +33,7 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (n == 0) return;
-  if (version_ == 6 && !y_is_fp32 && n > kGemvMmaFasterRows && n <= kTunedMaxRows &&
-      linear_split_k_fits(x, W, n, in_features) && linear_cluster_split_k_available()) {
-    linear_cluster_split_k_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
-    return;
-  }
-  if (version_ == 7 && n > kGemvMmaFasterRows && linear_wide_gemv_mma_fits(x, W, n, in_features) &&
-      linear_wide_gemv_mma_available()) {
-    linear_wide_gemv_mma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
-    return;
-  }
-  if (version_ >= 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
+  if (version_ == 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
     linear_gemv_mma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
     return;
   }

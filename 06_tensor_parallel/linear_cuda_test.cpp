@@ -135,64 +135,6 @@ TEST(Ch06_LinearCuda, SplitKMatchesCpu) {  // v4
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
-TEST(Ch06_LinearCuda, ClusterSplitKSplitsInPowersOfTwoUpTo8) {  // host logic only: no GPU needed
-  EXPECT_EQ(linear_cluster_split_k_splits(256, 1024, 6144), 1);  // 4 x 96 = 384 tiles: enough already
-  EXPECT_EQ(linear_cluster_split_k_splits(256, 2048, 1024), 4);  // 64 tiles: 128 < 132, 256 blocks
-  EXPECT_EQ(linear_cluster_split_k_splits(16, 2048, 1024), 8);   // 16 tiles: at most 8 (a portable cluster)
-  EXPECT_EQ(linear_cluster_split_k_splits(16, 1024, 4096), 4);   // 64 tiles
-  EXPECT_EQ(linear_cluster_split_k_splits(16, 256, 1024), 2);    // each split at least 128 deep
-  EXPECT_EQ(linear_cluster_split_k_splits(256, 96, 1024), 1);    // too shallow to split
-}
-
-TEST(Ch06_LinearCuda, ClusterSplitKMatchesCpu) {  // v6
-  SKIP_WITHOUT_GPU();
-  if (!linear_cluster_split_k_available()) GTEST_SKIP() << "no sm_90 code for this GPU: v6 needs clusters";
-  std::mt19937 rng(14);
-  CudaContext ctx;
-  const Project v6 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
-    linear_cluster_split_k_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
-  };
-  // As v4's: Qwen3-0.6B's four layer projections at decode batches (1, 2, 4 or 8 splits); ragged rows,
-  // outputs and in_features (96: too shallow to split; 200 = 25 chunks, its last split short); one row;
-  // more rows than one tile column.
-  for (int n : {1, 2, 17, 64, 256, 300})
-    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 1024, 6144},
-                    Shape{n, 96, 290}, Shape{n, 200, 33}, Shape{n, 520, 72}})
-      expect_matches_cpu(v6, s, rng, "v6 (" + std::to_string(linear_cluster_split_k_splits(s.n, s.in, s.out)) + " splits)");
-  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-}
-
-TEST(Ch06_LinearCuda, WideGemvMmaSplitsInPowersOfTwoUpTo8) {  // host logic only: no GPU needed
-  EXPECT_EQ(linear_wide_gemv_mma_splits(16, 1024, 6144), 1);  // 192 groups of 32 outputs: enough already
-  EXPECT_EQ(linear_wide_gemv_mma_splits(16, 1024, 4096), 2);  // 128 groups: 128 < 132
-  EXPECT_EQ(linear_wide_gemv_mma_splits(64, 2048, 1024), 8);  // 32 groups: at most 8 (a portable cluster)
-  EXPECT_EQ(linear_wide_gemv_mma_splits(9, 512, 1024), 4);    // each split at least 128 in_features deep
-  EXPECT_EQ(linear_wide_gemv_mma_splits(9, 200, 33), 1);      // too shallow to split
-  alignas(16) static bf16 buffer[64];
-  EXPECT_TRUE(linear_wide_gemv_mma_fits(buffer, buffer, 64, 1024));
-  EXPECT_FALSE(linear_wide_gemv_mma_fits(buffer, buffer, 65, 1024));
-  EXPECT_FALSE(linear_wide_gemv_mma_fits(buffer, buffer, 4, 100));
-  EXPECT_FALSE(linear_wide_gemv_mma_fits(buffer + 1, buffer, 4, 1024));
-}
-
-TEST(Ch06_LinearCuda, WideGemvMmaMatchesCpuUpTo64Rows) {  // v7
-  SKIP_WITHOUT_GPU();
-  if (!linear_wide_gemv_mma_available()) GTEST_SKIP() << "no sm_90 code for this GPU: v7 needs clusters";
-  std::mt19937 rng(15);
-  CudaContext ctx;
-  const Project v7 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
-    linear_wide_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
-  };
-  // Every x-tile count (1, 2, 4, 8 tiles of 8 rows) with ragged n; Qwen3-0.6B's four projections (1, 2
-  // or 8 splits); in_features not a multiple of 32 (200: 25 chunks; 520: its last split short); 290 and
-  // 33 outputs (the last group of 32 is partial); a wide one like the LM head.
-  for (int n : {1, 2, 9, 16, 17, 33, 64})
-    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 1024, 6144},
-                    Shape{n, 96, 290}, Shape{n, 200, 33}, Shape{n, 520, 72}, Shape{n, 1024, 20011}})
-      expect_matches_cpu(v7, s, rng, "v7 (" + std::to_string(linear_wide_gemv_mma_splits(s.n, s.in, s.out)) + " splits)");
-  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-}
-
 TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(13);

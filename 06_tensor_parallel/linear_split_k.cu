@@ -17,18 +17,9 @@
 // mma.sync m16n8k16 (05_attention/v5_tensor_core_prefill.cu's header explains both), fp32 accumulation.
 // W's rows are (out, in) with in contiguous: the "column-major" B operand as it stands, no transpose.
 //
-// v6 (linear_cluster_split_k_cuda) is the same kernel with another ending. v4's partials cost what they
-// save: at n = 256 every split writes and the second kernel reads n x out fp32 values per split, as many
-// bytes as the weight itself. In v6 the splits of one output tile are a thread-block cluster (sm_90):
-// each block leaves its fp32 tile in its own shared memory, and the cluster's blocks add them through
-// distributed shared memory (each block a slice of the rows, all splits in split order) and write y. No
-// partials in memory, no second kernel; at most 8 splits (the largest portable cluster).
-//
-// Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 and v6 this file, v5 the
-// tensor-core GEMV. CPU reference: linear_cpu. Prediction and measurement: 04_model_runner/NOTES.md.
+// Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 this file. CPU reference:
+// linear_cpu. Prediction and measurement: 04_model_runner/NOTES.md.
 #include <cstdint>
-
-#include <cooperative_groups.h>
 
 #include "01_sequence/base/ptx.cuh"
 #include "06_tensor_parallel/linear.h"
@@ -64,10 +55,9 @@ __device__ inline void store_y(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ inline void store_y(float* p, float v) { *p = v; }
 
 // Block (row tile, output tile, split): y[rows, outs] over in_features [split * k_per_split, ...).
-// splits == 1: writes y (OutT). splits > 1: v4 writes its fp32 partial to partial[split] (n, out), added up
-// by linear_split_k_reduce_kernel; v6 (kClusterReduce: the splits of a tile are one thread-block cluster)
-// adds the splits' tiles through distributed shared memory and writes y itself.
-template <class OutT, bool kClusterReduce>
+// splits == 1: writes y (OutT). splits > 1: writes its fp32 partial to partial[split] (n, out), added up
+// by linear_split_k_reduce_kernel.
+template <class OutT>
 __global__ void __launch_bounds__(kThreadsGemm)
     linear_split_k_kernel(OutT* y, float* partial, const bf16* x, const bf16* W, int n, int in, int out,
                           int k_per_split) {
@@ -134,36 +124,6 @@ __global__ void __launch_bounds__(kThreadsGemm)
   }
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kClusterReduce) {
-    if (gridDim.z > 1) {
-      // v6: this block's fp32 tile (64 x 64, 16 KB) into its own shared memory (the pipeline's, now idle),
-      // then block `split` of the cluster adds rows split * 64 / splits .. of every block's tile, in split
-      // order (the sum does not depend on which block finished first), and writes them.
-      float* tile = reinterpret_cast<float*>(smem);  // (kTileRows, kTileOut) fp32
-      __syncthreads();  // every warp is done reading the pipeline's buffers
-#pragma unroll
-      for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-          for (int e = 0; e < 4; e++)
-            tile[(wm * 32 + mi * 16 + g + 8 * (e / 2)) * kTileOut + wn * 32 + ni * 8 + 2 * t4 + e % 2] = acc[mi][ni][e];
-      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-      cluster.sync();  // every block's tile is written and visible to the cluster
-      const int splits = int(gridDim.z);
-      const int r_begin = split * kTileRows / splits, r_end = (split + 1) * kTileRows / splits;
-      for (int i = r_begin * kTileOut + int(threadIdx.x); i < r_end * kTileOut; i += kThreadsGemm) {
-        const int row = row0 + i / kTileOut, col = out0 + i % kTileOut;
-        float sum = 0.0f;
-        for (int s = 0; s < splits; s++) sum += cluster.map_shared_rank(tile, s)[i];
-        if (row < n && col < out) store_y(y + int64_t(row) * out + col, sum);
-      }
-      cluster.sync();  // no block exits (freeing its shared memory) while another still reads it
-      return;
-    }
-  }
-#endif
   const bool direct = gridDim.z == 1;
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
@@ -199,8 +159,8 @@ void launch_split_k(OutT* y, const bf16* x, const bf16* W, int n, int in, int ou
   const int k_per_split = (in / splits + kTileIn - 1) / kTileIn * kTileIn;
   const int smem_bytes = kStagesGemm * 2 * kTileBytes;  // 48 KB: no opt-in needed
   const dim3 grid{unsigned(row_tiles), unsigned(out_tiles), unsigned(splits)};
-  launch_overlapped(linear_split_k_kernel<OutT, false>, grid, kThreadsGemm, smem_bytes, stream, y, workspace, x, W, n,
-                    in, out, k_per_split);
+  launch_overlapped(linear_split_k_kernel<OutT>, grid, kThreadsGemm, smem_bytes, stream, y, workspace, x, W, n, in,
+                    out, k_per_split);
   if (splits > 1) {
     const int64_t elems = int64_t(n) * out;
     launch_overlapped(linear_split_k_reduce_kernel<OutT>, unsigned((elems + 255) / 256), 256, 0, stream, y,
@@ -208,57 +168,7 @@ void launch_split_k(OutT* y, const bf16* x, const bf16* W, int n, int in, int ou
   }
 }
 
-// v6: the splits of an output tile are one cluster (grid z = cluster z = splits), reduced on chip.
-template <class OutT>
-void launch_cluster_split_k(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
-  const int row_tiles = (n + kTileRows - 1) / kTileRows, out_tiles = (out + kTileOut - 1) / kTileOut;
-  const int splits = linear_cluster_split_k_splits(n, in, out);
-  const int k_per_split = (in / splits + kTileIn - 1) / kTileIn * kTileIn;
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // overlapped, as launch_overlapped
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  attrs[1].id = cudaLaunchAttributeClusterDimension;
-  attrs[1].val.clusterDim.x = 1, attrs[1].val.clusterDim.y = 1, attrs[1].val.clusterDim.z = unsigned(splits);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(row_tiles), unsigned(out_tiles), unsigned(splits));
-  config.blockDim = kThreadsGemm, config.dynamicSmemBytes = kStagesGemm * 2 * kTileBytes, config.stream = stream;
-  config.attrs = attrs, config.numAttrs = 2;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, linear_split_k_kernel<OutT, true>, y, static_cast<float*>(nullptr), x, W, n,
-                                in, out, k_per_split));
-}
-
 }  // namespace
-
-int linear_cluster_split_k_splits(int n, int in_features, int out_features) {
-  // Doubling while the tiles give fewer blocks than SMs, up to the largest portable cluster (8), each split
-  // at least two 64-deep stages.
-  const int64_t tiles = int64_t((n + kTileRows - 1) / kTileRows) * ((out_features + kTileOut - 1) / kTileOut);
-  int splits = 1;
-  while (splits < 8 && tiles * splits < 132 && in_features / (2 * splits) >= 2 * kTileIn) splits *= 2;
-  return splits;
-}
-
-bool linear_cluster_split_k_available() {
-  // The cluster reduction is compiled for sm_90 and later only; the code loaded for this GPU must be it.
-  static const bool available = [] {
-    cudaFuncAttributes kernel = {};
-    CUDA_CHECK(cudaFuncGetAttributes(&kernel, linear_split_k_kernel<bf16, true>));
-    return kernel.binaryVersion >= 90;
-  }();
-  return available;
-}
-
-void linear_cluster_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
-                                 int out_features, cudaStream_t stream) {
-  if (!linear_split_k_fits(x, W, n, in_features) || !linear_cluster_split_k_available())
-    fail("linear_cluster_split_k_cuda: needs in_features % 8 == 0, 16-byte aligned x and W, and sm_90 code (n ",
-         n, ", in ", in_features, ")");
-  if (y_is_fp32)
-    launch_cluster_split_k(static_cast<float*>(y), x, W, n, in_features, out_features, stream);
-  else
-    launch_cluster_split_k(static_cast<bf16*>(y), x, W, n, in_features, out_features, stream);
-  CUDA_CHECK_LAUNCH();
-}
 
 void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t elems, int splits, cudaStream_t stream) {
   const unsigned blocks = unsigned((elems + 255) / 256);
