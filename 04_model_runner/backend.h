@@ -127,6 +127,23 @@ class Backend {
   // out (n, q_dim) act = attention of the q part of qkv over the paged cache (after store_kvcache).
   virtual void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionMetadata& meta, const AttentionShape& shape) = 0;
+  // qk_norm_rope_store (slots from meta.slot_mapping), then attention: what the model calls for each
+  // layer. By default the two in sequence, the spec. A backend that does both in one pass (the GPU in
+  // decode with attention v9 or v10: 05_attention's decode_attention_fused_cuda) says so in
+  // fuses_qk_norm_rope_store_attention and overrides this; out and the cache are then the same bits, and
+  // qkv is left raw instead of normed and rotated (nobody reads it afterwards).
+  virtual bool fuses_qk_norm_rope_store_attention(const AttentionMetadata& /*meta*/,
+                                                  const AttentionShape& /*shape*/) const {
+    return false;
+  }
+  virtual void qk_norm_rope_store_attention(const Tensor& out, const Tensor& qkv, const Tensor& q_norm,
+                                            const Tensor& k_norm, const Tensor& positions, const Tensor& cos,
+                                            const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                            const HeadLayout& heads, float eps, const AttentionMetadata& meta,
+                                            const AttentionShape& shape) {
+    qk_norm_rope_store(qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, meta.slot_mapping, heads, eps);
+    attention(out, qkv, k_cache, v_cache, meta, shape);
+  }
   // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
   virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
   // out (m, cols) = rows of x picked by rows (m,) i32.

@@ -143,6 +143,28 @@ class CudaBackend final : public Backend {
                             f32(m.scratch), attention_version_, stream_);
     }
   }
+  bool fuses_qk_norm_rope_store_attention(const AttentionMetadata& m, const AttentionShape& s) const override {
+    // Only while the attention grid is one wave (at most ~2 blocks per SM: 256 blocks): measured on the H200
+    // (04_model_runner/NOTES.md section 7), the fused kernel saves a launch per layer at batch 1-16 and
+    // costs more than that from batch 128 on, where every wave of blocks pays the q work again.
+    constexpr int kFuseMaxBlocks = 256;
+    return !m.is_prefill && decode_attention_fuses_qk_norm_rope(attention_version_, s) &&
+           m.num_seqs * s.num_kv_heads <= kFuseMaxBlocks;
+  }
+  void qk_norm_rope_store_attention(const Tensor& out, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                    const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& k_cache, const Tensor& v_cache, const HeadLayout& h, float eps,
+                                    const AttentionMetadata& m, const AttentionShape& s) override {
+    if (!fuses_qk_norm_rope_store_attention(m, s)) {
+      Backend::qk_norm_rope_store_attention(out, qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, h, eps, m,
+                                            s);
+      return;
+    }
+    const QkNormRopeInputs qk{b16(q_norm), b16(k_norm), f32(cos), f32(sin), i32(positions), i32(m.slot_mapping), eps};
+    decode_attention_fused_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
+                                i32(m.context_lens), i32(m.block_tables), int(m.block_tables.shape[1]), m.num_seqs,
+                                m.max_context_len, s, f32(m.scratch), attention_version_, qk, stream_);
+  }
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
     silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
   }

@@ -5,6 +5,7 @@
 
 #ifdef NANOVLLM_CUDA
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -173,6 +174,85 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreFused) {
       EXPECT_EQ(v_bits, bits(u_v.get())) << what;
     }
   }
+}
+
+// The model's decode call Backend::qk_norm_rope_store_attention: attention v9 and v10 do the qk-norm, RoPE
+// and KV write inside the attention kernel (decode_attention_fused_cuda). Against the two launches it
+// replaces (the same bits, in out and in both caches) and against the CPU spec (qk_norm_rope_store_cpu,
+// then decode_attention_cpu). Cases: Qwen3-0.6B's heads with 1 split (20 sequences) and several (3), GQA
+// groups of 2 and 8, head_dim 64, padding rows (context 0, slot -1), a grid sized for max_model_len.
+TEST(Ch04_LayersCuda, QkNormRopeStoreInsideDecodeAttention) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(6);
+  struct Case { int heads, kv_heads, head_dim, block_size; std::vector<int> context; int grid_context; };
+  std::vector<int> twenty(20);
+  for (size_t b = 0; b < twenty.size(); b++) twenty[b] = b % 7 == 3 ? 0 : 1 + int(rng() % 1200);
+  const std::vector<Case> cases = {{16, 8, 128, 16, {1, 300, 2000}, 0}, {16, 8, 128, 256, twenty, 4096},
+                                   {8, 1, 64, 16, {77, 0, 513}, 1024}, {4, 2, 128, 48, {17, 200}, 0}};
+  for (const Case& c : cases) {
+    const int B = int(c.context.size()), kv_dim = c.kv_heads * c.head_dim, q_dim = c.heads * c.head_dim;
+    const int stride = q_dim + 2 * kv_dim, max_pos = 4096;
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.block_size, 1.0f / std::sqrt(float(c.head_dim))};
+    // Each sequence its own blocks, in a shuffled order; the new token at position context - 1 in its slot.
+    int width = 1, num_blocks = 0;
+    for (int ctx : c.context) width = std::max(width, (ctx + c.block_size - 1) / c.block_size);
+    std::vector<int32_t> order(size_t(B) * width);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int32_t> tables(size_t(B) * width, -1), positions(size_t(B), 0), slots(size_t(B), -1);
+    for (int b = 0; b < B; b++) {
+      const int ctx = c.context[size_t(b)], blocks = (ctx + c.block_size - 1) / c.block_size;
+      for (int i = 0; i < blocks; i++) tables[size_t(b) * width + i] = order[size_t(num_blocks++)];
+      if (ctx == 0) continue;  // a padding row
+      positions[size_t(b)] = ctx - 1;
+      slots[size_t(b)] = tables[size_t(b) * width + (ctx - 1) / c.block_size] * c.block_size + (ctx - 1) % c.block_size;
+    }
+    const size_t cache_elems = size_t(B) * width * c.block_size * kv_dim;
+    std::vector<float> qkv = random_bf16_values(size_t(B) * stride, rng, 2.0f);
+    std::vector<float> k_cache = random_bf16_values(cache_elems, rng), v_cache = random_bf16_values(cache_elems, rng);
+    std::vector<float> qn = random_bf16_values(size_t(c.head_dim), rng), kn = random_bf16_values(size_t(c.head_dim), rng);
+    std::vector<float> cos, sin;
+    build_rope_table(cos, sin, max_pos, c.head_dim, 1e6);
+    const std::string what = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads of " +
+                             std::to_string(c.head_dim) + ", block " + std::to_string(c.block_size) + ", " +
+                             std::to_string(B) + " sequences";
+
+    // The spec, on the CPU.
+    std::vector<float> q_want = qkv, k_want = k_cache, v_want = v_cache, want(size_t(B) * q_dim);
+    qk_norm_rope_store_cpu(q_want.data(), stride, qn.data(), kn.data(), positions.data(), cos.data(), sin.data(),
+                           k_want.data(), v_want.data(), slots.data(), B, c.heads, c.kv_heads, c.head_dim, 1e-6f);
+    decode_attention_cpu(want.data(), q_dim, q_want.data(), stride, k_want.data(), v_want.data(), c.context.data(),
+                         tables.data(), width, B, shape);
+
+    const int max_ctx = c.grid_context ? c.grid_context : *std::max_element(c.context.begin(), c.context.end());
+    DeviceArray<bf16> d_qn(to_bf16(qn)), d_kn(to_bf16(kn));
+    DeviceArray<int32_t> d_pos(positions), d_slots(slots), d_ctx(c.context), d_tables(tables);
+    DeviceArray<float> d_cos(cos), d_sin(sin), scratch(decode_attention_scratch_bytes(B, max_ctx, shape) / sizeof(float));
+    const QkNormRopeInputs qk{d_qn.ptr, d_kn.ptr, d_cos.ptr, d_sin.ptr, d_pos.ptr, d_slots.ptr, 1e-6f};
+    for (int version : {9, 10}) {
+      // Two launches, then one, each on fresh copies of qkv and the caches.
+      DeviceArray<bf16> u_qkv(to_bf16(qkv)), u_k(to_bf16(k_cache)), u_v(to_bf16(v_cache)), u_out(size_t(B) * q_dim);
+      DeviceArray<bf16> f_qkv(to_bf16(qkv)), f_k(to_bf16(k_cache)), f_v(to_bf16(v_cache)), f_out(size_t(B) * q_dim);
+      u_out.poison(), f_out.poison();
+      qk_norm_rope_store_cuda(u_qkv.ptr, stride, d_qn.ptr, d_kn.ptr, d_pos.ptr, d_cos.ptr, d_sin.ptr, u_k.ptr, u_v.ptr,
+                              d_slots.ptr, B, c.heads, c.kv_heads, c.head_dim, 1e-6f, 0);
+      decode_attention_cuda(u_out.ptr, q_dim, u_qkv.ptr, stride, u_k.ptr, u_v.ptr, d_ctx.ptr, d_tables.ptr, width, B,
+                            max_ctx, shape, scratch.ptr, version, 0);
+      scratch.poison();  // the fused run must not read the first run's partials
+      ASSERT_TRUE(decode_attention_fuses_qk_norm_rope(version, shape)) << what;
+      decode_attention_fused_cuda(f_out.ptr, q_dim, f_qkv.ptr, stride, f_k.ptr, f_v.ptr, d_ctx.ptr, d_tables.ptr, width,
+                                  B, max_ctx, shape, scratch.ptr, version, qk, 0);
+      const std::string label = what + ", v" + std::to_string(version);
+      EXPECT_EQ(bits(f_out.get()), bits(u_out.get())) << label << ": out";
+      EXPECT_EQ(bits(f_k.get()), bits(u_k.get())) << label << ": k cache";
+      EXPECT_EQ(bits(f_v.get()), bits(u_v.get())) << label << ": v cache";
+      EXPECT_LE(rel_error(to_float(f_out.get()), want), 1e-2) << label << ": against the CPU";
+      EXPECT_LE(rel_error(to_float(f_k.get()), k_want), 1e-2) << label << ": k cache against the CPU";
+    }
+  }
+  // The other versions cannot: the backend runs them as two launches.
+  EXPECT_FALSE(decode_attention_fuses_qk_norm_rope(2, AttentionShape{16, 8, 128, 16, 0.088f}));
+  EXPECT_FALSE(decode_attention_fuses_qk_norm_rope(10, AttentionShape{16, 8, 96, 16, 0.1f}));  // v0 runs head_dim 96
 }
 
 TEST(Ch04_LayersCuda, SiluAndMulAndGather) {

@@ -107,6 +107,21 @@ void ProfiledBackend::attention(const Tensor& out, const Tensor& qkv, const Tens
   timed(meta.is_prefill ? "attention prefill" : "attention decode",
         [&] { inner_->attention(out, qkv, k_cache, v_cache, meta, shape); });
 }
+void ProfiledBackend::qk_norm_rope_store_attention(const Tensor& out, const Tensor& qkv, const Tensor& q_norm,
+                                                   const Tensor& k_norm, const Tensor& positions, const Tensor& cos,
+                                                   const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                                   const HeadLayout& heads, float eps, const AttentionMetadata& meta,
+                                                   const AttentionShape& shape) {
+  if (!inner_->fuses_qk_norm_rope_store_attention(meta, shape)) {  // two operations, each timed on its own
+    Backend::qk_norm_rope_store_attention(out, qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, heads, eps,
+                                          meta, shape);
+    return;
+  }
+  timed(meta.is_prefill ? "qk_norm_rope_store + attention prefill" : "qk_norm_rope_store + attention decode", [&] {
+    inner_->qk_norm_rope_store_attention(out, qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, heads, eps,
+                                         meta, shape);
+  });
+}
 void ProfiledBackend::silu_and_mul(const Tensor& out, const Tensor& gate_up) {
   timed("silu_and_mul", [&] { inner_->silu_and_mul(out, gate_up); });
 }

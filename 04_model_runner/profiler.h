@@ -4,7 +4,8 @@
 // ProfiledBackend wraps the runner's Backend and forwards every operation, timing each: with CUDA
 // events on the backend's stream on the GPU (kernel time, launch gaps excluded), with the host clock on
 // the CPU (where an operation has finished when it returns). Times are summed per label:
-//   "linear 256x1024->4096" (rows x in -> out), "attention decode", "add_rmsnorm", ...
+//   "linear 256x1024->4096" (rows x in -> out), "attention decode", "add_rmsnorm", ...; a fused
+//   qk_norm_rope_store_attention is one label, "qk_norm_rope_store + attention decode".
 // Under a CUDA graph replay no operation runs one by one: profile eager steps only.
 #pragma once
 
@@ -65,6 +66,13 @@ class ProfiledBackend final : public Backend {
   void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                           const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& slot_mapping, const HeadLayout& heads, float eps) override;
+  bool fuses_qk_norm_rope_store_attention(const AttentionMetadata& meta, const AttentionShape& shape) const override {
+    return inner_->fuses_qk_norm_rope_store_attention(meta, shape);
+  }
+  void qk_norm_rope_store_attention(const Tensor& out, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                                    const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                                    const Tensor& k_cache, const Tensor& v_cache, const HeadLayout& heads, float eps,
+                                    const AttentionMetadata& meta, const AttentionShape& shape) override;
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& meta, const AttentionShape& shape) override;
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;

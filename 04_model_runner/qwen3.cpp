@@ -197,10 +197,10 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
     }
     b.linear(qkv, normed, w.qkv_proj);
     // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
-    // one operation: store before attend, so that attention reads this step's keys from the cache too.
-    b.qk_norm_rope_store(qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin, k_caches[l], v_caches[l],
-                         in.attention.slot_mapping, heads_, eps);
-    b.attention(attn_out, qkv, k_caches[l], v_caches[l], in.attention, shape);
+    // store before attend, so that attention reads this step's keys from the cache too; then attention.
+    // One call: the GPU does all of it in one kernel in decode (Backend::qk_norm_rope_store_attention).
+    b.qk_norm_rope_store_attention(attn_out, qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin,
+                                   k_caches[l], v_caches[l], heads_, eps, in.attention, shape);
     b.linear(hidden, attn_out, w.o_proj);
     if (tp) b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)
     // MLP block.

@@ -142,10 +142,13 @@ size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const A
   return most * (size_t(s.head_dim) + 2) * sizeof(float);
 }
 
-void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
-                           const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
-                           int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
-                           float* scratch, int version, cudaStream_t stream) {
+namespace {
+
+// decode_attention_cuda and decode_attention_fused_cuda: `fused` null for the plain decode.
+void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+            const int32_t* context_lens, const int32_t* block_tables, int block_table_width, int num_seqs,
+            int max_context_len, const AttentionShape& shape, float* scratch, int version,
+            const QkNormRopeInputs* fused, cudaStream_t stream) {
   const int v = attention_version_for(AttentionPhase::Decode, version, shape);
   if (num_seqs == 0) return;
   check_alignment(v, q, q_stride, out, out_stride);
@@ -161,8 +164,39 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
   p.part_m = scratch;
   p.part_l = scratch + entries;
   p.part_O = scratch + 2 * entries;
+  if (fused) {
+    p.q_norm = fused->q_norm, p.k_norm = fused->k_norm, p.cos_table = fused->cos_table, p.sin_table = fused->sin_table;
+    p.positions = fused->positions, p.slot_mapping = fused->slot_mapping, p.eps = fused->eps;
+    p.k_cache_out = const_cast<bf16*>(k_cache), p.v_cache_out = const_cast<bf16*>(v_cache);
+  }
   kDecodeLaunchers[v](p, LaunchDims{num_seqs, 1, max_context_len}, stream);
   CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
+                           int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
+                           float* scratch, int version, cudaStream_t stream) {
+  decode(out, out_stride, q, q_stride, k_cache, v_cache, context_lens, block_tables, block_table_width, num_seqs,
+         max_context_len, shape, scratch, version, nullptr, stream);
+}
+
+bool decode_attention_fuses_qk_norm_rope(int version, const AttentionShape& shape) {
+  const int v = attention_version_for(AttentionPhase::Decode, version, shape);
+  return v == 9 || v == 10;
+}
+
+void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv, int64_t qkv_stride, bf16* k_cache,
+                                 bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
+                                 int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
+                                 float* scratch, int version, const QkNormRopeInputs& qk, cudaStream_t stream) {
+  if (!decode_attention_fuses_qk_norm_rope(version, shape))
+    fail("attention v", attention_version_for(AttentionPhase::Decode, version, shape),
+         " cannot do qk-norm, RoPE and the KV write itself (v9 and v10 can)");
+  decode(out, out_stride, qkv, qkv_stride, k_cache, v_cache, context_lens, block_tables, block_table_width, num_seqs,
+         max_context_len, shape, scratch, version, &qk, stream);
 }
 
 }  // namespace nanovllm

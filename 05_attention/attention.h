@@ -123,5 +123,26 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
                            int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
                            float* scratch, int version, cudaStream_t stream);
 
+// Decode with chapter 04's qk_norm_rope_store done inside the attention kernel: one launch per layer
+// instead of two. qkv (num_seqs, qkv_stride) holds each sequence's new token as the projection left it
+// (q, k raw; then v); the kernel norms and rotates q for itself and writes the new token's K (normed,
+// rotated) and V to slot_mapping[b] before any block reads the cache; out as decode_attention_cuda. The
+// result equals qk_norm_rope_store_cuda then decode_attention_cuda bit for bit on out and on the cache
+// (qkv itself is left raw). v9 and v10 only (decode_attention_fuses_qk_norm_rope; the default is v10).
+struct QkNormRopeInputs {
+  const bf16* q_norm;           // (head_dim)
+  const bf16* k_norm;           // (head_dim)
+  const float* cos_table;       // (max_position, head_dim / 2)
+  const float* sin_table;       // (max_position, head_dim / 2)
+  const int32_t* positions;     // (num_seqs)
+  const int32_t* slot_mapping;  // (num_seqs), -1 = none (a padding row)
+  float eps;
+};
+bool decode_attention_fuses_qk_norm_rope(int version, const AttentionShape& shape);
+void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv, int64_t qkv_stride, bf16* k_cache,
+                                 bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
+                                 int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
+                                 float* scratch, int version, const QkNormRopeInputs& qk, cudaStream_t stream);
+
 }  // namespace nanovllm
 #endif

@@ -22,6 +22,9 @@
 //           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM); then v2's
 //           combine kernel. Head dims 64 and 128, G <= 8, block_size a multiple of 16 (the engine's rule:
 //           a 16-key tile never crosses a KV block).
+// Fused:    given chapter 04's qk-norm inputs (AttentionParams::q_norm != nullptr: decode_attention_fused_cuda),
+//           the kernel also does qk_norm_rope_store's work for its block: q heads normed and rotated into
+//           shared memory, and the new key's K and V written to the cache before the copies that read it.
 // Measured: see NOTES.md.
 //
 // ---------------------------------------------------------------------------------------------------
@@ -46,6 +49,7 @@
 #include "05_attention/kernels.cuh"
 #include "01_sequence/base/ptx.cuh"
 #include "05_attention/softmax.cuh"
+#include "05_attention/qk_norm_rope.cuh"
 
 namespace nanovllm {
 namespace {
@@ -110,10 +114,69 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     return;
   }
 
+  const bf16* q_row = p.q + int64_t(seq) * p.q_stride;  // this sequence's q (and, fused, raw k and v)
+  const int32_t* block_table = p.block_tables + int64_t(seq) * p.block_table_width;
+  const int num_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
+  const int my_tiles = (num_tiles - warp + kWarpsV9 - 1) / kWarpsV9;  // tiles warp, warp + 4, ...
+  const uint32_t stage0 = smem_address(smem) + uint32_t(warp * kStages * 2 * kTileBytes);
+  auto k_stage = [&](int i) { return stage0 + uint32_t((i % kStages) * 2 * kTileBytes); };
+  auto tile_key = [&](int i) { return key_begin + (warp + i * kWarpsV9) * kTileKeys; };
+
+  // Fused (decode_attention_fused_cuda): chapter 04's qk_norm_rope_store for this block, with its helpers
+  // (05_attention/qk_norm_rope.cuh), so the bits are those of the separate kernel. Warp w norms and rotates
+  // query heads w, w + 4 of the group into q_ready; warps 2 and 3 write the new key's K and V to its slot
+  // if this block's partition holds that key (the sequence's last). The new key is in the partition's last
+  // tile: when the prologue below loads that tile, the write goes first; otherwise the prologue's copies
+  // are issued first and the q work runs while they fly.
+  __shared__ __align__(16) bf16 q_ready[8][HEAD_DIM];
+  const bool fused = p.q_norm != nullptr;
+  const int32_t new_slot = fused ? p.slot_mapping[seq] : -1;
+  const bool new_key_here = new_slot >= 0 && key_end == seqlen_k;
+  const bool write_first = new_key_here && num_tiles - 1 < kWarpsV9 * (kStages - 1);
+  constexpr int HALF = HEAD_DIM / 2;
+  const float* cos_row = fused ? p.cos_table + int64_t(p.positions[seq]) * HALF : nullptr;
+  const float* sin_row = fused ? p.sin_table + int64_t(p.positions[seq]) * HALF : nullptr;
+  auto write_new_key = [&] {
+    const int64_t at = new_slot * int64_t(p.num_kv_heads) * HEAD_DIM + int64_t(kv_head) * HEAD_DIM;
+    if (warp == 2) {
+      float x1[HEAD_DIM / 64], x2[HEAD_DIM / 64];
+      load_head<HEAD_DIM>(q_row + int64_t(p.num_heads + kv_head) * HEAD_DIM, x1, x2, lane);
+      norm_rope_head<HEAD_DIM>(x1, x2, p.k_norm, cos_row, sin_row, lane, p.eps);
+      store_head<HEAD_DIM>(p.k_cache_out + at, x1, x2, lane);
+    } else if (warp == 3) {
+      const bf16* v_raw = q_row + int64_t(p.num_heads + p.num_kv_heads + kv_head) * HEAD_DIM;
+      for (int j = lane; j < HEAD_DIM; j += 32) p.v_cache_out[at + j] = v_raw[j];
+    }
+  };
+  if (write_first) {
+    write_new_key();
+    __syncthreads();  // this step's K and V are in the cache before any warp copies a tile
+  }
+
+  // Prologue: the first kStages - 1 tiles in flight (one commit group each, empty past the last tile, so
+  // that the wait below always counts the same number of groups).
+#pragma unroll
+  for (int i = 0; i < kStages - 1; i++) {
+    if (i < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes);
+    cp_async_commit();
+  }
+
+  if (fused) {
+    float x1[HEAD_DIM / 64], x2[HEAD_DIM / 64];
+    for (int r = warp; r < G; r += kWarpsV9) {
+      load_head<HEAD_DIM>(q_row + int64_t(kv_head * G + r) * HEAD_DIM, x1, x2, lane);
+      norm_rope_head<HEAD_DIM>(x1, x2, p.q_norm, cos_row, sin_row, lane, p.eps);
+      store_head<HEAD_DIM>(q_ready[r], x1, x2, lane);
+    }
+    if (new_key_here && !write_first) write_new_key();
+    __syncthreads();  // q_ready is complete; this step's K and V are in the cache before the main loop's copies
+  }
+
   // Q's A fragments, rows g < G (head kv_head * G + g of query row seq); rows G..15 are zeros.
   uint32_t q_frag[kSteps][2];  // a0, a2 of each k-step (a1 = a3 = 0)
   {
-    const bf16* q = p.q + int64_t(seq) * p.q_stride + int64_t(kv_head * G + min(g, G - 1)) * HEAD_DIM;
+    const bf16* q = p.q_norm != nullptr ? q_ready[min(g, G - 1)]
+                                        : q_row + int64_t(kv_head * G + min(g, G - 1)) * HEAD_DIM;
 #pragma unroll
     for (int kk = 0; kk < kSteps; kk++) {
       q_frag[kk][0] = g < G ? *reinterpret_cast<const uint32_t*>(q + 16 * kk + 2 * t4) : 0u;
@@ -126,21 +189,6 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   float o[kSteps][4];
 #pragma unroll
   for (int mt = 0; mt < kSteps; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-
-  const int32_t* block_table = p.block_tables + int64_t(seq) * p.block_table_width;
-  const int num_tiles = (key_end - key_begin + kTileKeys - 1) / kTileKeys;
-  const int my_tiles = (num_tiles - warp + kWarpsV9 - 1) / kWarpsV9;  // tiles warp, warp + 4, ...
-  const uint32_t stage0 = smem_address(smem) + uint32_t(warp * kStages * 2 * kTileBytes);
-  auto k_stage = [&](int i) { return stage0 + uint32_t((i % kStages) * 2 * kTileBytes); };
-  auto tile_key = [&](int i) { return key_begin + (warp + i * kWarpsV9) * kTileKeys; };
-
-  // Prologue: the first kStages - 1 tiles in flight (one commit group each, empty past the last tile, so
-  // that the wait below always counts the same number of groups).
-#pragma unroll
-  for (int i = 0; i < kStages - 1; i++) {
-    if (i < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes);
-    cp_async_commit();
-  }
 
   // ldmatrix addresses: lane gives row (lane % 8) of matrix lane / 8; matrices 2, 3 are keys 8..15, and
   // matrices 1, 3 are the upper 8 dims of the 16 (K: of the k-step; V: of the m-tile).

@@ -325,7 +325,7 @@ int cmd_bench_step(const Flags& flags) {
     // layer reads its weight and activations and writes its output.
     double bytes = 0;
     int n = 0, in = 0, out = 0;
-    if (op.label == "attention decode") {
+    if (op.label == "attention decode" || op.label == "qk_norm_rope_store + attention decode") {
       bytes = double(batch) * context * kv_bytes_per_token_layer * op.calls;
     } else if (std::sscanf(op.label.c_str(), "linear %dx%d->%d", &n, &in, &out) == 3) {
       bytes = (double(in) * out + double(n) * in) * 2 * op.calls + double(n) * out * (out == mc.vocab_size ? 4 : 2) * op.calls;
