@@ -86,6 +86,8 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   } else {
     stats_.decode_steps++, stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
     stats_.decode_context_tokens += context_tokens;
+    stats_.decode_queue_seconds += model_runner_->last_run_times().queue_seconds;
+    stats_.decode_wait_seconds += model_runner_->last_run_times().wait_seconds;
   }
   if (!trace.empty()) log("%s", trace.c_str());
 

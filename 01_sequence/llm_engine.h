@@ -42,6 +42,10 @@ struct EngineStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;
   int64_t decode_context_tokens = 0;  // sum of context lengths over decode steps: the K/V tokens read
   double prefill_seconds = 0, decode_seconds = 0;
+  // Of decode_seconds: the model runner queuing each step (inputs, uploads, launches) and waiting for
+  // its tokens (ModelRunner::RunTimes). The rest is the scheduler and the bookkeeping of the step, host
+  // work during which a GPU waits: what scheduling step n + 1 while step n runs could hide.
+  double decode_queue_seconds = 0, decode_wait_seconds = 0;
 };
 
 class LLMEngine {

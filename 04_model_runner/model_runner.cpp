@@ -1,6 +1,7 @@
 // model_runner.cpp: KV capacity, input preparation, CUDA graphs and the step (nano-vllm: engine/model_runner.py).
 #include "04_model_runner/model_runner.h"
 
+#include <chrono>
 #include <algorithm>
 
 #include "01_sequence/base/log.h"
@@ -407,6 +408,7 @@ void ModelRunner::execute(Rank& r, const ForwardInputs& f, int num_seqs) {
 }
 
 std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits) {
+  const auto t_start = std::chrono::steady_clock::now();
   StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
   const int B = in.num_seqs();
   // Decode replays the CUDA graph of the smallest captured batch that holds B sequences, padded.
@@ -427,6 +429,7 @@ std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool i
     rank_steps_[size_t(rank)]++;
   });
 
+  const auto t_queued = std::chrono::steady_clock::now();
   Rank& r0 = *ranks_[0];
   std::vector<int32_t> tokens(static_cast<size_t>(B));
   r0.backend->download(tokens.data(), r0.tokens.slice_rows(0, B));
@@ -435,6 +438,9 @@ std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool i
     logits->resize(size_t(step_logits.numel()));
     r0.backend->download(logits->data(), step_logits);
   }
+  const auto t_done = std::chrono::steady_clock::now();
+  last_run_times_.queue_seconds = std::chrono::duration<double>(t_queued - t_start).count();
+  last_run_times_.wait_seconds = std::chrono::duration<double>(t_done - t_queued).count();
   return tokens;
 }
 

@@ -54,6 +54,13 @@ class ModelRunner {
   // a NaN or an infinity). If `logits` is given it receives
   // the (B, vocab) logits the tokens were sampled from.
   std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits = nullptr);
+  // Where the last run() spent its time on the host: preparing the step's inputs and queuing the work
+  // (uploads, the graph or the kernels; on a GPU the device starts meanwhile), then waiting for the
+  // sampled tokens (on a GPU, mostly the device finishing; on the CPU, nothing: the work ran in the first).
+  struct RunTimes {
+    double queue_seconds = 0, wait_seconds = 0;
+  };
+  const RunTimes& last_run_times() const { return last_run_times_; }
 
   StepInputs prepare_prefill(const std::vector<Sequence*>& seqs) const;
   StepInputs prepare_decode(const std::vector<Sequence*>& seqs) const;
@@ -134,6 +141,7 @@ class ModelRunner {
   std::unique_ptr<CudaCommunicator> cuda_comm_;  // ...or on the GPU (06_tensor_parallel)
   std::unique_ptr<RankThreads> threads_;  // one thread per rank; rank 0 is the caller's
   std::vector<int64_t> rank_steps_;
+  RunTimes last_run_times_;
 };
 
 }  // namespace nanovllm

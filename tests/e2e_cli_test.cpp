@@ -2,6 +2,8 @@
 // build/nanovllm as a user would.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <cmath>
 #include <sstream>
 
@@ -140,6 +142,23 @@ TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Total: 437tok"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("prompt tokens 603,"), std::string::npos) << r.out;
+  // The decode steps' host time in three parts, each >= 0, adding up to the decode time printed above.
+  double decode = -1, bookkeeping = -1, queuing = -1, waiting = -1;
+  const size_t at = r.out.find(" decode steps (");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, " decode steps (%lf s", &decode), 1) << r.out;
+  const size_t host = r.out.find("decode steps on the host: ");
+  ASSERT_NE(host, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + host,
+                        "decode steps on the host: %lf s scheduling and bookkeeping, %lf s preparing and queuing the "
+                        "step, %lf s waiting for its tokens",
+                        &bookkeeping, &queuing, &waiting),
+            3)
+      << r.out;
+  EXPECT_GE(bookkeeping, 0.0);
+  EXPECT_GE(queuing, 0.0);
+  EXPECT_GE(waiting, 0.0);
+  EXPECT_NEAR(bookkeeping + queuing + waiting, decode, 0.01) << r.out;
 }
 
 TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {

@@ -220,6 +220,11 @@ int cmd_bench(const Flags& flags) {
               (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
   std::printf("decode reads >= %.1f GB (weights + KV): %.0f GB/s over the decode steps\n", decode_bytes / 1e9,
               decode_bytes / 1e9 / decode_seconds);
+  const double queue_seconds = s.decode_queue_seconds - before.decode_queue_seconds;
+  const double wait_seconds = s.decode_wait_seconds - before.decode_wait_seconds;
+  std::printf("decode steps on the host: %.3f s scheduling and bookkeeping, %.3f s preparing and queuing the "
+              "step, %.3f s waiting for its tokens\n",
+              decode_seconds - queue_seconds - wait_seconds, queue_seconds, wait_seconds);
   std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
               (long long)engine.scheduler().block_manager().total_hit_blocks());
   if (profiler) {
