@@ -108,17 +108,9 @@ void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_s
                  cudaStream_t stream) {
   if (num_rows == 0) return;
   const int chunks = chunks_per_row(num_rows);
-  // launch_overlapped's launch (cuda_utils.h), with the chunks of a row as one cluster.
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  attrs[1].id = cudaLaunchAttributeClusterDimension;
-  attrs[1].val.clusterDim.x = unsigned(chunks), attrs[1].val.clusterDim.y = 1, attrs[1].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(chunks), unsigned(num_rows)), config.blockDim = kThreads, config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = !overlapped_launch_supported() ? 0 : chunks > 1 ? 2 : 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, sample_kernel, tokens, logits, vocab_size, rows));
+  // The chunks of a row are one cluster.
+  launch_overlapped_in_clusters(sample_kernel, dim3(unsigned(chunks), unsigned(num_rows)), unsigned(chunks), kThreads, 0,
+                                stream, tokens, logits, vocab_size, rows);
   CUDA_CHECK_LAUNCH();
   // Rows with top-k or top-p: sample_top_k_top_p_kernel (sampler_top_k_top_p.cu) samples them again and
   // overwrites their tokens; on the same stream, it runs after sample_kernel. Which rows those are is only

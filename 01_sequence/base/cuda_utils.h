@@ -59,18 +59,28 @@ inline bool overlapped_launch_supported() {
 }
 
 // kernel<<<grid, block, smem_bytes, stream>>>(args...), allowed to overlap the previous kernel's tail
-// (see above; the kernel must call wait_for_previous_kernel first). Checked like every launch.
+// (see above; the kernel must call wait_for_previous_kernel first), with the grid's x dimension cut into
+// thread-block clusters of cluster_x blocks (sm_90: the blocks of a cluster run at the same time and may
+// read each other's shared memory; cluster_x = 1, no clusters). Checked like every launch.
+template <class... KernelArgs, class... Args>
+void launch_overlapped_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, unsigned cluster_x, dim3 block,
+                                   size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = cluster_x, attrs[1].val.clusterDim.y = 1, attrs[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem_bytes, config.stream = stream;
+  config.attrs = overlapped_launch_supported() ? attrs : attrs + 1;
+  config.numAttrs = (overlapped_launch_supported() ? 1 : 0) + (cluster_x > 1 ? 1 : 0);
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 template <class... KernelArgs, class... Args>
 void launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
                        Args&&... args) {
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem_bytes, config.stream = stream;
-  config.attrs = &overlap;
-  config.numAttrs = overlapped_launch_supported() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  launch_overlapped_in_clusters(kernel, grid, 1u, block, smem_bytes, stream, std::forward<Args>(args)...);
 }
 
 #ifdef __CUDACC__
