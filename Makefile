@@ -35,6 +35,9 @@ endif
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 # Compute capabilities to build machine code for: A100 (80), A10/3090 (86), L4/4090 (89), H100/H200 (90).
 CUDA_ARCH ?= 80 86 89 90
+# 9.0 is built as sm_90a, the architecture-specific target that has Hopper's warpgroup tensor-core
+# instructions (wgmma, 06_tensor_parallel/linear_wgmma.cu); its code runs on compute capability 9.0 only.
+arch_suffix = $(if $(filter 90,$(1)),a)
 # Say why a build has no CUDA: `make NVCC=` asked for it, or nvcc is not installed.
 NO_CUDA_REASON := $(if $(filter command line,$(origin NVCC)),NVCC= given,nvcc not found)
 ifneq ($(strip $(NVCC)),)
@@ -44,7 +47,7 @@ ifneq ($(strip $(NVCC)),)
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
   NVCCFLAGS ?= -O3 -lineinfo
   NVCCFLAGS += -std=c++17 -I. -DNANOVLLM_CUDA -MMD -MP -Xcompiler -Wall,-Wextra \
-               $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a))
+               $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a)$(call arch_suffix,$(a)),code=sm_$(a)$(call arch_suffix,$(a)))
 endif
 
 # ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "01_sequence/base/common.h"
@@ -114,6 +115,8 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   v3  CublasLtLinear     cuBLASLt, the fastest of its candidates, timed per shape (linear_cublaslt.cpp)
 //   v4  linear_split_k_cuda  our tensor-core GEMM, 64 x 64 tiles and split-K   (linear_split_k.cu)
 //   v5  linear_gemv_mma_cuda our GEMV on tensor cores for n <= 16               (linear_gemv_mma.cu)
+//   v6  linear_wgmma_cuda    our GEMM on Hopper's wgmma, tiles as tall as the batch, split-K in a
+//                            cluster                                           (linear_wgmma.cu)
 // CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
 //   --linear-version 1   v1 only
 //   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above (the default: the fastest measured)
@@ -121,8 +124,10 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows (the default: the
 //                        fastest measured)
+//   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kTunedMaxRows where it runs
+//                        (linear_wgmma_available; cuBLAS elsewhere)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
-constexpr int kLinearVersionMin = 1, kLinearVersionMax = 5, kLinearVersionDefault = 5;
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 6, kLinearVersionDefault = 5;
 
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
@@ -176,6 +181,32 @@ int linear_gemv_mma_splits(int n, int in_features, int out_features, size_t work
 constexpr int kGemvMmaFasterRows = 8;
 void linear_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                           int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// v6: our GEMM on Hopper's warpgroup tensor cores (wgmma; linear_wgmma.cu) for the decode batches where
+// cuBLAS streams the weights at a third of the copy bandwidth: a block's tile is as tall as the batch (up
+// to 4 warpgroups x 64 rows of x) against `block_out` rows of W, and the in_features are split over
+// `splits` blocks that form one thread-block cluster and add up their tiles in distributed shared memory
+// (no partials in memory, no second kernel). Needs a compute capability 9.0 GPU running code built for
+// sm_90a (linear_wgmma_available) and what v4 needs (linear_split_k_fits).
+struct LinearWgmmaPlan {
+  int warpgroups = 1;         // 64 rows of x each: 1, 2 or 4 (n <= 64, 128, more); n > 256: more row tiles
+  int block_out = 64;         // outputs per block: 64 or 128
+  int splits = 1;             // blocks (one cluster) per output tile, 1-8
+  int k_tiles_per_split = 1;  // stages of 64 in_features per split
+};
+// The plan for a shape: 1 to 4 warpgroups by n, 128 outputs a block when that still gives 16 tiles (64
+// otherwise), and the fewest splits (at most 8, each at least two stages of 64 in_features deep) that
+// give 132 blocks, as long as the clusters still fit in one wave: clusters_per_wave(plan) says how many
+// clusters of plan.splits blocks of that block shape the GPU holds at once (linear_wgmma_cuda asks the
+// CUDA occupancy calculator).
+LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
+                                  const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave);
+bool linear_wgmma_available();
+// CudaLinear runs v6 for the layer projections only: with an LM head's 151,936 outputs x is reread by
+// 1,187 output tiles, more bytes than the weight (measured at 256 rows: 277 µs against cuBLAS's 135).
+constexpr int kWgmmaMaxOut = 16384;
+void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                       int out_features, cudaStream_t stream);
 
 // v3: cuBLASLt with an algorithm chosen per shape by timing (nano-vllm leaves the choice to PyTorch, that
 // is to cuBLAS's heuristic). A shape is (device, n rounded up to a multiple of 16, in, out, output dtype,

@@ -1,5 +1,5 @@
 // linear_cuda.cpp: v1 of the projection, y (n, out) = x (n, in) @ W (out, in)^T in one cuBLAS call, and
-// CudaLinear, which picks the version for each call (v2: linear_gemv.cu; v3: linear_cublaslt.cpp).
+// CudaLinear, which picks the version for each call (the others: linear.h lists their files).
 //
 // cuBLAS is column-major. A row-major (rows, cols) matrix is the column-major (cols, rows) matrix with
 // the same memory, so the row-major product y = x W^T is the column-major y^T = W x^T: with A = W
@@ -33,7 +33,12 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (n == 0) return;
-  if (version_ == 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
+  if (version_ == 6 && n > kGemvMmaFasterRows && n <= kTunedMaxRows && out_features <= kWgmmaMaxOut &&
+      linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available()) {
+    linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
+    return;
+  }
+  if (version_ >= 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
     linear_gemv_mma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
     return;
   }

@@ -154,6 +154,46 @@ TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
+TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only: no GPU needed
+  auto expect_plan = [](int n, int in, int out, int warpgroups, int block_out, int splits, int k_tiles_per_split) {
+    // As many clusters at once as 132 SMs hold with one block each.
+    const LinearWgmmaPlan p = linear_wgmma_plan(n, in, out, [](const LinearWgmmaPlan& q) { return 132 / q.splits; });
+    EXPECT_EQ(p.warpgroups, warpgroups) << n << "x" << in << "->" << out;
+    EXPECT_EQ(p.block_out, block_out) << n << "x" << in << "->" << out;
+    EXPECT_EQ(p.splits, splits) << n << "x" << in << "->" << out;
+    EXPECT_EQ(p.k_tiles_per_split, k_tiles_per_split) << n << "x" << in << "->" << out;
+  };
+  expect_plan(16, 1024, 4096, 1, 128, 4, 4);  // qkv: 32 tiles of 128; ceil(132 / 32) = 5 splits of 16 stages
+                                              // is 4 deep, so 4 splits do
+  expect_plan(16, 2048, 1024, 1, 64, 8, 4);   // o_proj: 8 tiles of 128 are too few, 16 of 64; 8 splits at most
+  expect_plan(256, 3072, 1024, 4, 64, 8, 6);  // down_proj: 4 warpgroups; 48 stages over 8 splits
+  expect_plan(100, 1024, 6144, 2, 128, 2, 8); // gate_up: 48 tiles; 3 splits would take 2 waves (44 clusters)
+  expect_plan(300, 1024, 4096, 4, 128, 2, 8); // two row tiles: 64 tiles, 2 splits
+  expect_plan(64, 96, 290, 1, 64, 1, 2);      // two stages: too shallow to split
+  expect_plan(16, 1024, 151936, 1, 128, 1, 16);  // the LM head: 1,187 tiles, no split
+}
+
+TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6
+  SKIP_WITHOUT_GPU();
+  if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
+  std::mt19937 rng(14);
+  CudaContext ctx;
+  const Project v6 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    linear_wgmma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
+  };
+  // 1, 2 and 4 warpgroups, ragged rows and two row tiles (300); Qwen3-0.6B's four projections (64 or 128
+  // outputs a block, split over a cluster or not); in_features of one and a half stages (96) and of 25
+  // chunks (200, split in 2 with 33 outputs: ragged columns in the cluster's sum); a wide one like the LM
+  // head.
+  for (int n : {9, 17, 64, 65, 129, 256, 300})
+    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 1024, 6144},
+                    Shape{n, 96, 290}, Shape{n, 200, 33}})
+      expect_matches_cpu(v6, s, rng, "v6");
+  for (int n : {9, 40})
+    expect_matches_cpu(v6, Shape{n, 1024, 20011}, rng, "v6");
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+}
+
 TEST(Ch06_LinearCuda, CublasLtMatchesCpuAndRepeatsItsChoice) {  // v3
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);

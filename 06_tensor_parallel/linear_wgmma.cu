@@ -1,0 +1,376 @@
+// linear_wgmma.cu: v6 of the projection, y (n, out) = x (n, in) @ W (out, in)^T on Hopper's warpgroup
+// tensor cores (wgmma, sm_90a): the decode batches of 9 to 512 rows.
+//
+// Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
+// 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
+// tiles, mma.sync) lost to it because small tiles reread x and W from L2 once per neighbouring tile: at
+// n = 256 its qkv call pulled ~56 MB from L2 for 8 MB of weights. So here a block's tile is as tall as the
+// batch: up to 256 rows of x (4 warpgroups of 64) against 64 or 128 rows of W. Every weight is read from
+// memory once and from L2 never; x, the small operand, is what the output tiles share.
+//
+// Few, tall tiles are too few blocks (o_proj has 1,024 outputs: 16 tiles of 64), so the in_features are
+// split too: the `splits` blocks of one output tile are one thread-block cluster, each adds up a range of
+// in_features, leaves its fp32 tile in its own shared memory, and the cluster adds the tiles through
+// distributed shared memory (each block a share of the rows, in split order: the same bits whatever
+// block finishes first). No partials in memory, no second kernel.
+//
+// Inside a block. Stages of 64 in_features (one 128-byte row per operand row) stream through a 4-stage
+// cp.async pipeline into shared memory laid out as wgmma's 128-byte swizzle wants it: 16-byte chunk c of
+// row r sits at chunk c ^ (r % 8) of its row, in 1,024-byte groups of 8 rows. Warpgroup w (128 threads)
+// then issues, per stage, 4 wgmma.m64nBNk16: its 64 rows of x (A, 64 x 16) times the block's BN rows of W
+// (B, BN x 16), both read by the tensor cores straight from shared memory through a 64-bit descriptor
+// (address, stride between 8-row groups, swizzle mode), accumulating 64 x BN fp32 in registers
+// (BN / 2 per thread). W is (out, in) with in contiguous, as is x: both operands are "K-major", the layout
+// wgmma reads without a transpose.
+//
+// Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 split-K mma.sync, v5 GEMV
+// on tensor cores, v6 this file. CPU reference: linear_cpu. Prediction and measurement:
+// 04_model_runner/NOTES.md, section 2.
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <cooperative_groups.h>
+
+#include "01_sequence/base/ptx.cuh"
+#include "06_tensor_parallel/linear.h"
+
+namespace nanovllm {
+namespace {
+
+constexpr int kStageIn = 64;       // in_features per pipeline stage: 128 bytes of bf16, one swizzle row
+constexpr int kPipelineMax = 196608;  // bytes of stages a block may hold (of the SM's 227 KB)
+constexpr int kTargetBlocks = 132;    // one block per SM of an H100 / H200
+
+// The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs).
+template <int BN, int WG>
+struct Block {
+  static constexpr int kThreads = 128 * WG;
+  static constexpr int kRows = 64 * WG;
+  static constexpr int kWBytes = BN * 128;    // one stage of W: (BN, 64) bf16
+  static constexpr int kXBytes = kRows * 128;  // one stage of x: (kRows, 64) bf16
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  // As many stages as fit, up to 8: a split is rarely deeper (qkv at 16 rows: 4 stages of 64), so most
+  // blocks issue every copy they will make at once, and then only wait.
+  static constexpr int kStages = kPipelineMax / kStageBytes < 8 ? kPipelineMax / kStageBytes : 8;
+  static constexpr int kSumStride = BN + 8;  // floats per row of the fp32 tile the cluster adds up (+8: no
+                                             // bank conflicts when a warp stores its float2 pairs)
+  static constexpr int kPipelineBytes = kStages * kStageBytes;
+  static constexpr int kSumBytes = kRows * kSumStride * 4;
+  // + 1 KB: the dynamic shared memory is aligned up to 1,024 bytes, which the swizzle's 8-row groups need.
+  static constexpr int kSmemBytes = (kPipelineBytes > kSumBytes ? kPipelineBytes : kSumBytes) + 1024;
+};
+
+// Copies rows [row0, row0 + ROWS) x in_features [k0, k0 + 64) of the (rows, in) bf16 matrix M into the
+// swizzled tile at shared address `tile` (1,024-byte aligned): ROWS * 8 chunks of 16 bytes over THREADS
+// threads. Rows at or past `rows` and chunks at or past `in` (in % 8 == 0) are zero-filled.
+template <int ROWS, int THREADS>
+__device__ inline void copy_swizzled(uint32_t tile, const bf16* M, int rows, int in, int row0, int k0) {
+  static_assert(ROWS * 8 % THREADS == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int i = 0; i < ROWS * 8 / THREADS; i++) {
+    const int c = int(threadIdx.x) + i * THREADS, row = c / 8, chunk = c % 8;
+    const bool valid = row0 + row < rows && k0 + chunk * 8 < in;
+    const bf16* src = valid ? M + int64_t(row0 + row) * in + k0 + chunk * 8 : M;
+    cp_async_16(tile + uint32_t(row * 128 + ((chunk ^ (row % 8)) * 16)), src, valid);
+  }
+}
+
+// wgmma's shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle (PTX ISA, "Matrix
+// Descriptor Format"): bits 0-13 the start address / 16; 16-29 the leading byte offset / 16 (unused by a
+// swizzled K-major operand whose 16-wide k slice lies within one 128-byte row: 1 by convention); 32-45
+// the stride byte offset / 16, from one 8-row group to the next (1,024 bytes); 62-63 the swizzle mode
+// (1 = 128 bytes). The k-th 16-wide slice of a stage starts 32 k bytes into the row: the hardware applies
+// the swizzle to the address it forms, so advancing the start address is all it takes.
+__device__ inline uint64_t swizzled_operand(uint32_t address) {
+  return uint64_t((address & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// Keeps the compiler from moving reads or writes of the accumulators across the wgmma instructions,
+// which write them asynchronously (it sees only the asm statements' operands).
+template <int N>
+__device__ inline void fence_accumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (64 x BN, fp32, the warpgroup's accumulators) += A (64 x 16, bf16) B (BN x 16, bf16)^T, both from
+// shared memory. d[i] of thread t of the warpgroup is row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
+// column 8 (i / 4) + 2 (t % 4) + i % 2: the mma.sync C fragment, once per 8 columns, per warp of 16 rows.
+// The operands after the descriptors: scale-d, a predicate, true (add to d: the accumulators start at
+// zero), the scales of A and B (1, not negated), their transposes (0: both K-major). All 128 threads of
+// the warpgroup issue it together; it only starts the product (see wgmma.commit_group / wait_group).
+template <int BN>
+__device__ inline void wgmma_bf16(float (&d)[BN / 2], uint64_t a, uint64_t b);
+
+#define NANOVLLM_D8(i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+template <>
+__device__ inline void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
+      : NANOVLLM_D8(0), NANOVLLM_D8(8), NANOVLLM_D8(16), NANOVLLM_D8(24)
+      : "l"(a), "l"(b), "r"(1));
+}
+
+template <>
+__device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+      "%63}, %64, %65, accumulate, 1, 1, 0, 0;\n}\n"
+      : NANOVLLM_D8(0), NANOVLLM_D8(8), NANOVLLM_D8(16), NANOVLLM_D8(24), NANOVLLM_D8(32), NANOVLLM_D8(40),
+        NANOVLLM_D8(48), NANOVLLM_D8(56)
+      : "l"(a), "l"(b), "r"(1));
+}
+#undef NANOVLLM_D8
+
+__device__ inline void store_y(bf16* p, float v) { *p = __float2bfloat16(v); }
+__device__ inline void store_y(float* p, float v) { *p = v; }
+
+// Grid (splits, out tiles of BN, row tiles of 64 WG), clusters of (splits, 1, 1). Block (split, o, r):
+// rows [r 64 WG, ...) x outputs [o BN, ...) of y over in_features [split * k_tiles_per_split * 64, ...).
+// The stages are refilled after their wgmma, not before: every stage is in flight from the start.
+template <int BN, int WG, class OutT>
+__global__ void __launch_bounds__(128 * WG, 1)
+    linear_wgmma_kernel(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, int k_tiles_per_split) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using B = Block<BN, WG>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_address(smem_raw), base = (raw + 1023u) & ~1023u;
+  const int split = int(blockIdx.x), splits = int(gridDim.x), out0 = int(blockIdx.y) * BN,
+            row0 = int(blockIdx.z) * B::kRows;
+  constexpr int kStages = B::kStages;
+  const int t_begin = split * k_tiles_per_split;
+  const int k_tiles = min((in + kStageIn - 1) / kStageIn, t_begin + k_tiles_per_split) - t_begin;  // >= 1
+  auto w_stage = [&](int s) { return base + uint32_t(s * B::kStageBytes); };
+  auto x_stage = [&](int s) { return base + uint32_t(s * B::kStageBytes + B::kWBytes); };
+  auto copy_w = [&](int t) {
+    copy_swizzled<BN, B::kThreads>(w_stage(t % kStages), W, out, in, out0, (t_begin + t) * kStageIn);
+  };
+  auto copy_x = [&](int t) {
+    copy_swizzled<B::kRows, B::kThreads>(x_stage(t % kStages), x, n, in, row0, (t_begin + t) * kStageIn);
+  };
+
+  // Launched overlapped: W is nobody's output, so the weight stages start before the wait; x is the
+  // previous kernel's output. (The W copies issued before the wait fall in the first commit group,
+  // which only makes the first wait longer.)
+#pragma unroll
+  for (int t = 0; t < kStages; t++)
+    if (t < k_tiles) copy_w(t);
+  wait_for_previous_kernel();
+  allow_next_kernel();
+#pragma unroll
+  for (int t = 0; t < kStages; t++) {
+    if (t < k_tiles) copy_x(t);
+    cp_async_commit();
+  }
+
+  const int warpgroup = int(threadIdx.x) / 128;
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
+  for (int t = 0; t < k_tiles; t++) {
+    // kStages + t groups committed so far (some empty); stage t is the oldest of the last kStages.
+    cp_async_wait<kStages - 1>();  // this thread's copies of stage t have landed...
+    // ...and are made visible to the tensor cores, which read shared memory through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // every thread's copies of stage t are in
+    const uint32_t a = x_stage(t % kStages) + uint32_t(warpgroup * 64 * 128), b = w_stage(t % kStages);
+    fence_accumulators(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");  // the accumulators are ready to be read
+#pragma unroll
+    for (int k = 0; k < kStageIn / 16; k++)
+      wgmma_bf16<BN>(acc, swizzled_operand(a + uint32_t(32 * k)), swizzled_operand(b + uint32_t(32 * k)));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the 4 products are in acc
+    fence_accumulators(acc);
+    if (t + kStages < k_tiles) {
+      __syncthreads();  // every warpgroup is done reading stage t, which the copies below refill
+      copy_w(t + kStages), copy_x(t + kStages);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<0>();  // the last (empty) groups: no copy may still target shared memory below
+
+  const int lane = int(threadIdx.x) % 32, warp_row = warpgroup * 64 + (int(threadIdx.x) % 128) / 32 * 16;
+  auto row_of = [&](int i) { return warp_row + lane / 4 + 8 * ((i / 2) % 2); };  // within the block's tile
+  auto col_of = [&](int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; };
+  if (splits == 1) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+      const int row = row0 + row_of(i), col = out0 + col_of(i);
+      if (row < n && col < out) store_y(y + int64_t(row) * out + col, acc[i]);
+    }
+    return;
+  }
+
+  // Split: the block's fp32 tile goes to its shared memory (over the pipeline's buffers: every copy has
+  // landed and every warpgroup waited for its wgmma, but wait for the other warpgroups too)...
+  __syncthreads();
+  float* sum_tile = reinterpret_cast<float*>(smem_raw + (base - raw));  // (kRows, kSumStride)
+#pragma unroll
+  for (int i = 0; i < BN / 2; i += 2)
+    *reinterpret_cast<float2*>(sum_tile + row_of(i) * B::kSumStride + col_of(i)) = make_float2(acc[i], acc[i + 1]);
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // every block's tile is written and visible to the cluster
+  // ...and block `split` adds up rows split, split + splits, ... of every block's tile, 4 columns at a
+  // time, in split order.
+  const int rows = min(B::kRows, n - row0), my_rows = (rows - split + splits - 1) / splits;
+  for (int q = int(threadIdx.x); q < my_rows * (BN / 4); q += B::kThreads) {
+    const int r = split + q / (BN / 4) * splits, c = q % (BN / 4) * 4;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < splits; s++) {
+      const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sum_tile + r * B::kSumStride + c, s));
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+    OutT* dst = y + int64_t(row0 + r) * out + out0 + c;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (out0 + c + j < out) store_y(dst + j, values[j]);
+  }
+  cluster.sync();  // no block exits (freeing its shared memory) while another still reads it
+#endif
+}
+
+// Calls f(BN, WG) with the plan's block shape as std::integral_constant values: the kernel templates'
+// arguments.
+template <class F>
+void with_block_shape(const LinearWgmmaPlan& plan, F&& f) {
+  using std::integral_constant;
+  switch (plan.block_out * 10 + plan.warpgroups) {
+    case 641: return f(integral_constant<int, 64>(), integral_constant<int, 1>());
+    case 642: return f(integral_constant<int, 64>(), integral_constant<int, 2>());
+    case 644: return f(integral_constant<int, 64>(), integral_constant<int, 4>());
+    case 1281: return f(integral_constant<int, 128>(), integral_constant<int, 1>());
+    case 1282: return f(integral_constant<int, 128>(), integral_constant<int, 2>());
+    case 1284: return f(integral_constant<int, 128>(), integral_constant<int, 4>());
+    default: fail("linear_wgmma_cuda: no kernel for ", plan.block_out, " outputs x ", plan.warpgroups, " warpgroups");
+  }
+}
+
+// Above 48 KB of shared memory a kernel must ask for it, once, before its first launch.
+template <int BN, int WG, class OutT>
+void allow_shared_memory() {
+  static const bool allowed = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<BN, WG, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Block<BN, WG>::kSmemBytes));
+    return true;
+  }();
+  (void)allowed;
+}
+
+// How many clusters of plan.splits blocks of the plan's kernel the GPU runs at once, asked of the CUDA
+// occupancy calculator once per (block shape, cluster size): it depends on shared memory, registers
+// and how the SMs group into GPCs, which a cluster may not straddle.
+int clusters_per_wave(const LinearWgmmaPlan& plan) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int>, int> known;  // (block_out, warpgroups, splits) -> clusters
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(plan.block_out, plan.warpgroups, plan.splits);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int clusters = 0;
+  with_block_shape(plan, [&](auto bn, auto wg) {
+    constexpr int BN = decltype(bn)::value, WG = decltype(wg)::value;
+    allow_shared_memory<BN, WG, bf16>();
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(plan.splits), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(plan.splits)), config.blockDim = Block<BN, WG>::kThreads;
+    config.dynamicSmemBytes = Block<BN, WG>::kSmemBytes, config.attrs = &cluster, config.numAttrs = 1;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, linear_wgmma_kernel<BN, WG, bf16>, &config));
+  });
+  return known[key] = clusters;
+}
+
+template <class OutT>
+void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
+  const LinearWgmmaPlan plan = linear_wgmma_plan(n, in, out, clusters_per_wave);
+  with_block_shape(plan, [&](auto bn, auto wg) {
+    constexpr int BN = decltype(bn)::value, WG = decltype(wg)::value;
+    allow_shared_memory<BN, WG, OutT>();
+    const dim3 grid{unsigned(plan.splits), unsigned((out + BN - 1) / BN),
+                    unsigned((n + Block<BN, WG>::kRows - 1) / Block<BN, WG>::kRows)};
+    launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT>, grid, unsigned(plan.splits),
+                                  Block<BN, WG>::kThreads, Block<BN, WG>::kSmemBytes, stream, y, x, W, n, in, out,
+                                  plan.k_tiles_per_split);
+  });
+}
+
+// Whether the code loaded for this GPU has the wgmma kernels: 1 where it was compiled for sm_90a (the
+// Makefile builds compute capability 9.0 as sm_90a), 0 elsewhere, where the kernels are empty.
+__device__ const int kWgmmaCompiled =
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    1;
+#else
+    0;
+#endif
+
+}  // namespace
+
+LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
+                                  const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave) {
+  LinearWgmmaPlan plan;
+  plan.warpgroups = n <= 64 ? 1 : n <= 128 ? 2 : 4;  // 1, 2 or 4: the copies split evenly over the threads
+  const int row_tiles = (n + 64 * plan.warpgroups - 1) / (64 * plan.warpgroups);
+  // 128 outputs a block halve x's rereads (once per output tile) against 64, but give half the tiles:
+  // taken when there are at least 16 of them (qkv and gate_up; o_proj and down_proj have 8).
+  plan.block_out = (out_features + 127) / 128 * row_tiles >= 16 ? 128 : 64;
+  const int tiles = (out_features + plan.block_out - 1) / plan.block_out * row_tiles;
+  const int k_tiles = (in_features + kStageIn - 1) / kStageIn;
+  // The fewest splits that give a block per SM, at most a cluster's worth, each at least two stages
+  // deep, and never so many that the clusters no longer fit in one wave: a block is short, and a second
+  // wave costs about as long as the first.
+  const int max_splits = std::max(1, std::min(8, k_tiles / 2));
+  int splits = 1;
+  for (int s = 2; s <= max_splits && tiles * splits < kTargetBlocks; s++) {
+    plan.splits = s;
+    if (tiles > clusters_per_wave(plan)) break;
+    splits = s;
+  }
+  // As few splits as that depth allows (no split left empty).
+  plan.k_tiles_per_split = (k_tiles + splits - 1) / splits;
+  plan.splits = (k_tiles + plan.k_tiles_per_split - 1) / plan.k_tiles_per_split;
+  return plan;
+}
+
+bool linear_wgmma_available() {
+  static const bool available = [] {
+    int device = 0, major = 0, minor = 0, compiled = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major != 9 || minor != 0) return false;  // sm_90a code runs on compute capability 9.0 only
+    CUDA_CHECK(cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof(int)));
+    return compiled == 1;
+  }();
+  return available;
+}
+
+void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                       int out_features, cudaStream_t stream) {
+  if (!linear_split_k_fits(x, W, n, in_features) || !linear_wgmma_available())
+    fail("linear_wgmma_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % 8 "
+         "== 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
+  if (y_is_fp32)
+    launch_wgmma(static_cast<float*>(y), x, W, n, in_features, out_features, stream);
+  else
+    launch_wgmma(static_cast<bf16*>(y), x, W, n, in_features, out_features, stream);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace nanovllm
