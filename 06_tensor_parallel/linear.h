@@ -125,7 +125,8 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows (the default: the
 //                        fastest measured)
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kTunedMaxRows where it runs
-//                        (linear_wgmma_available; cuBLAS elsewhere)
+//                        (linear_wgmma_available; cuBLAS elsewhere). Measured: a decode step at batch
+//                        16 as fast as with 5, slower from 64 rows on (batch 256: 8.58 against 8.21 ms)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 6, kLinearVersionDefault = 5;
 
@@ -186,8 +187,9 @@ void linear_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W,
 // cuBLAS streams the weights at a third of the copy bandwidth: a block's tile is as tall as the batch (up
 // to 4 warpgroups x 64 rows of x) against `block_out` rows of W, and the in_features are split over
 // `splits` blocks that form one thread-block cluster and add up their tiles in distributed shared memory
-// (no partials in memory, no second kernel). Needs a compute capability 9.0 GPU running code built for
-// sm_90a (linear_wgmma_available) and what v4 needs (linear_split_k_fits).
+// (no partials in memory, no second kernel); the copy engine (TMA) loads both operands. Needs a compute
+// capability 9.0 GPU running code built for sm_90a (linear_wgmma_available) and what v4 needs
+// (linear_split_k_fits).
 struct LinearWgmmaPlan {
   int warpgroups = 1;         // 64 rows of x each: 1, 2 or 4 (n <= 64, 128, more); n > 256: more row tiles
   int block_out = 64;         // outputs per block: 64 or 128

@@ -1,12 +1,15 @@
 // linear_wgmma.cu: v6 of the projection, y (n, out) = x (n, in) @ W (out, in)^T on Hopper's warpgroup
-// tensor cores (wgmma, sm_90a): the decode batches of 9 to 512 rows.
+// tensor cores (wgmma, sm_90a) fed by its copy engine (TMA): written for the decode batches of 9 to 512
+// rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 it ties
+// cuBLAS at 16 rows and loses from 64 on (04_model_runner/NOTES.md, section 2), so it is not the default:
+// it is here as the book's Hopper GEMM, correct and tested, and as the starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
 // tiles, mma.sync) lost to it because small tiles reread x and W from L2 once per neighbouring tile: at
 // n = 256 its qkv call pulled ~56 MB from L2 for 8 MB of weights. So here a block's tile is as tall as the
 // batch: up to 256 rows of x (4 warpgroups of 64) against 64 or 128 rows of W. Every weight is read from
-// memory once and from L2 never; x, the small operand, is what the output tiles share.
+// memory once; x, the small operand, is what the output tiles share (reread from L2 once per tile).
 //
 // Few, tall tiles are too few blocks (o_proj has 1,024 outputs: 16 tiles of 64), so the in_features are
 // split too: the `splits` blocks of one output tile are one thread-block cluster, each adds up a range of
@@ -14,14 +17,16 @@
 // distributed shared memory (each block a share of the rows, in split order: the same bits whatever
 // block finishes first). No partials in memory, no second kernel.
 //
-// Inside a block. Stages of 64 in_features (one 128-byte row per operand row) stream through a 4-stage
-// cp.async pipeline into shared memory laid out as wgmma's 128-byte swizzle wants it: 16-byte chunk c of
-// row r sits at chunk c ^ (r % 8) of its row, in 1,024-byte groups of 8 rows. Warpgroup w (128 threads)
-// then issues, per stage, 4 wgmma.m64nBNk16: its 64 rows of x (A, 64 x 16) times the block's BN rows of W
-// (B, BN x 16), both read by the tensor cores straight from shared memory through a 64-bit descriptor
-// (address, stride between 8-row groups, swizzle mode), accumulating 64 x BN fp32 in registers
-// (BN / 2 per thread). W is (out, in) with in contiguous, as is x: both operands are "K-major", the layout
-// wgmma reads without a transpose.
+// Inside a block. Stages of 64 in_features (one 128-byte row per operand row), up to 4, all requested at
+// the start: thread 0 asks the copy engine for each stage's two boxes (W's rows, x's rows), which it writes
+// into shared memory laid out as wgmma's 128-byte swizzle wants it (16-byte chunk c of row r at chunk
+// c ^ (r % 8) of its row, in 1,024-byte groups of 8 rows) and counts on the stage's mbarrier. Warpgroup w
+// (128 threads) waits for the barrier, then issues 4 wgmma.m64nBNk16: its 64 rows of x (A, 64 x 16)
+// times the block's BN rows of W (B, BN x 16), both read by the tensor cores straight from shared memory
+// through a 64-bit descriptor (address, stride between 8-row groups, swizzle mode), accumulating 64 x BN
+// fp32 in registers (BN / 2 per thread). W is (out, in) with in contiguous, as is x: both operands are
+// "K-major", the layout wgmma reads without a transpose. (The first version loaded with cp.async, each
+// thread its 16-byte chunks: commit 282a2cd; the copy engine made it 6-10% faster at 256 rows.)
 //
 // Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 split-K mma.sync, v5 GEMV
 // on tensor cores, v6 this file. CPU reference: linear_cpu. Prediction and measurement:
@@ -34,6 +39,8 @@
 #include <tuple>
 
 #include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "01_sequence/base/ptx.cuh"
 #include "06_tensor_parallel/linear.h"
@@ -53,9 +60,10 @@ struct Block {
   static constexpr int kWBytes = BN * 128;    // one stage of W: (BN, 64) bf16
   static constexpr int kXBytes = kRows * 128;  // one stage of x: (kRows, 64) bf16
   static constexpr int kStageBytes = kWBytes + kXBytes;
-  // As many stages as fit, up to 8: a split is rarely deeper (qkv at 16 rows: 4 stages of 64), so most
-  // blocks issue every copy they will make at once, and then only wait.
-  static constexpr int kStages = kPipelineMax / kStageBytes < 8 ? kPipelineMax / kStageBytes : 8;
+  // As many stages as fit, up to 4: a split is rarely deeper (qkv at 16 rows: 4 stages of 64), so most
+  // blocks issue every copy they will make at once, and then only wait. (Up to 8 was slower at 16 rows:
+  // a block of 192 KB leaves room for fewer clusters, so the plan split less.)
+  static constexpr int kStages = kPipelineMax / kStageBytes < 4 ? kPipelineMax / kStageBytes : 4;
   static constexpr int kSumStride = BN + 8;  // floats per row of the fp32 tile the cluster adds up (+8: no
                                              // bank conflicts when a warp stores its float2 pairs)
   static constexpr int kPipelineBytes = kStages * kStageBytes;
@@ -64,19 +72,34 @@ struct Block {
   static constexpr int kSmemBytes = (kPipelineBytes > kSumBytes ? kPipelineBytes : kSumBytes) + 1024;
 };
 
-// Copies rows [row0, row0 + ROWS) x in_features [k0, k0 + 64) of the (rows, in) bf16 matrix M into the
-// swizzled tile at shared address `tile` (1,024-byte aligned): ROWS * 8 chunks of 16 bytes over THREADS
-// threads. Rows at or past `rows` and chunks at or past `in` (in % 8 == 0) are zero-filled.
-template <int ROWS, int THREADS>
-__device__ inline void copy_swizzled(uint32_t tile, const bf16* M, int rows, int in, int row0, int k0) {
-  static_assert(ROWS * 8 % THREADS == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int i = 0; i < ROWS * 8 / THREADS; i++) {
-    const int c = int(threadIdx.x) + i * THREADS, row = c / 8, chunk = c % 8;
-    const bool valid = row0 + row < rows && k0 + chunk * 8 < in;
-    const bf16* src = valid ? M + int64_t(row0 + row) * in + k0 + chunk * 8 : M;
-    cp_async_16(tile + uint32_t(row * 128 + ((chunk ^ (row % 8)) * 16)), src, valid);
-  }
+// The copy engine (TMA). A tensor map (built on the host, tensor_map below) describes a (rows, in) bf16
+// matrix in global memory and a box of (box rows, 64 in_features); one instruction from one thread copies
+// a box at (k0, row0) into shared memory, 128-byte swizzled as wgmma reads it, filling with zeros what
+// lies past the matrix, and counts the bytes it delivered on an mbarrier in shared memory. The block's
+// threads wait on that barrier's phase: no thread issues or tracks individual 16-byte copies.
+__device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, int k0, int row0, uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(barrier)
+      : "memory");
+}
+// The barrier's phase completes when one thread has arrived (the count it was initialised with) and
+// `bytes` bytes of copies have landed.
+__device__ inline void mbarrier_init(uint32_t barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(barrier) : "memory");
+}
+__device__ inline void mbarrier_arrive_expecting(uint32_t barrier, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+}
+// Returns once the barrier's phase with this parity (0, 1, 0, ... for its uses 0, 1, 2, ...) completed.
+__device__ inline void mbarrier_wait(uint32_t barrier, int parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(barrier), "r"(parity)
+        : "memory");
 }
 
 // wgmma's shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle (PTX ISA, "Matrix
@@ -144,7 +167,8 @@ __device__ inline void store_y(float* p, float v) { *p = v; }
 // The stages are refilled after their wgmma, not before: every stage is in flight from the start.
 template <int BN, int WG, class OutT>
 __global__ void __launch_bounds__(128 * WG, 1)
-    linear_wgmma_kernel(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, int k_tiles_per_split) {
+    linear_wgmma_kernel(OutT* y, const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                        int n, int in, int out, int k_tiles_per_split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using B = Block<BN, WG>;
   extern __shared__ unsigned char smem_raw[];
@@ -156,37 +180,36 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int k_tiles = min((in + kStageIn - 1) / kStageIn, t_begin + k_tiles_per_split) - t_begin;  // >= 1
   auto w_stage = [&](int s) { return base + uint32_t(s * B::kStageBytes); };
   auto x_stage = [&](int s) { return base + uint32_t(s * B::kStageBytes + B::kWBytes); };
-  auto copy_w = [&](int t) {
-    copy_swizzled<BN, B::kThreads>(w_stage(t % kStages), W, out, in, out0, (t_begin + t) * kStageIn);
+  __shared__ uint64_t landed[kStages];  // landed[s]: stage s's two boxes are in shared memory
+  auto barrier = [&](int t) { return smem_address(&landed[t % kStages]); };
+  // Thread 0 issues the copies: both boxes of stage t, W's before x's.
+  auto load_w = [&](int t) {
+    mbarrier_arrive_expecting(barrier(t), B::kStageBytes);
+    tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, out0, barrier(t));
   };
-  auto copy_x = [&](int t) {
-    copy_swizzled<B::kRows, B::kThreads>(x_stage(t % kStages), x, n, in, row0, (t_begin + t) * kStageIn);
-  };
+  auto load_x = [&](int t) { tma_load(x_stage(t % kStages), &x_map, (t_begin + t) * kStageIn, row0, barrier(t)); };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; s++) mbarrier_init(smem_address(&landed[s]));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+  }
+  __syncthreads();  // no thread waits on a barrier before it is initialised
 
-  // Launched overlapped: W is nobody's output, so the weight stages start before the wait; x is the
-  // previous kernel's output. (The W copies issued before the wait fall in the first commit group,
-  // which only makes the first wait longer.)
-#pragma unroll
-  for (int t = 0; t < kStages; t++)
-    if (t < k_tiles) copy_w(t);
+  // Launched overlapped: W is nobody's output, so the weight boxes start before the wait; x is the
+  // previous kernel's output. Every stage is in flight from the start; a stage is refilled once every
+  // warpgroup is done with it.
+  if (threadIdx.x == 0)
+    for (int t = 0; t < kStages && t < k_tiles; t++) load_w(t);
   wait_for_previous_kernel();
   allow_next_kernel();
-#pragma unroll
-  for (int t = 0; t < kStages; t++) {
-    if (t < k_tiles) copy_x(t);
-    cp_async_commit();
-  }
+  if (threadIdx.x == 0)
+    for (int t = 0; t < kStages && t < k_tiles; t++) load_x(t);
 
   const int warpgroup = int(threadIdx.x) / 128;
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   for (int t = 0; t < k_tiles; t++) {
-    // kStages + t groups committed so far (some empty); stage t is the oldest of the last kStages.
-    cp_async_wait<kStages - 1>();  // this thread's copies of stage t have landed...
-    // ...and are made visible to the tensor cores, which read shared memory through the async proxy.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();  // every thread's copies of stage t are in
+    mbarrier_wait(barrier(t), (t / kStages) % 2);  // stage t has landed (the barrier's (t / kStages)-th phase)
     const uint32_t a = x_stage(t % kStages) + uint32_t(warpgroup * 64 * 128), b = w_stage(t % kStages);
     fence_accumulators(acc);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");  // the accumulators are ready to be read
@@ -198,11 +221,9 @@ __global__ void __launch_bounds__(128 * WG, 1)
     fence_accumulators(acc);
     if (t + kStages < k_tiles) {
       __syncthreads();  // every warpgroup is done reading stage t, which the copies below refill
-      copy_w(t + kStages), copy_x(t + kStages);
+      if (threadIdx.x == 0) load_w(t + kStages), load_x(t + kStages);
     }
-    cp_async_commit();
   }
-  cp_async_wait<0>();  // the last (empty) groups: no copy may still target shared memory below
 
   const int lane = int(threadIdx.x) % 32, warp_row = warpgroup * 64 + (int(threadIdx.x) % 128) / 32 * 16;
   auto row_of = [&](int i) { return warp_row + lane / 4 + 8 * ((i / 2) % 2); };  // within the block's tile
@@ -297,6 +318,38 @@ int clusters_per_wave(const LinearWgmmaPlan& plan) {
   return known[key] = clusters;
 }
 
+// The tensor map of a (rows, in) bf16 matrix at M for boxes of (box_rows, 64), 128-byte swizzled, zeros
+// past the edges. Encoding one is a driver call (cuTensorMapEncodeTiled, reached through the runtime: no
+// link to the driver library); the maps are kept, by matrix and box, so that an eager decode step does not
+// encode its 224 again (a CUDA graph holds the map it was captured with).
+CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !fn) fail("linear_wgmma_cuda: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  static std::mutex mutex;
+  static std::map<std::tuple<const bf16*, int, int, int>, CUtensorMap> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(M, rows, in, box_rows);
+  auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  CUtensorMap map;
+  const cuuint64_t size[2] = {cuuint64_t(in), cuuint64_t(rows)};  // innermost first
+  const cuuint64_t row_bytes[1] = {cuuint64_t(in) * sizeof(bf16)};
+  const cuuint32_t box[2] = {cuuint32_t(kStageIn), cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
+  const CUresult result =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(M), size, row_bytes, box, element_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS)
+    fail("linear_wgmma_cuda: cuTensorMapEncodeTiled failed (", int(result), ") for a (", rows, ", ", in,
+         ") matrix, boxes of ", box_rows);
+  return known[key] = map;
+}
+
 template <class OutT>
 void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
   const LinearWgmmaPlan plan = linear_wgmma_plan(n, in, out, clusters_per_wave);
@@ -305,9 +358,10 @@ void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out,
     allow_shared_memory<BN, WG, OutT>();
     const dim3 grid{unsigned(plan.splits), unsigned((out + BN - 1) / BN),
                     unsigned((n + Block<BN, WG>::kRows - 1) / Block<BN, WG>::kRows)};
+    const CUtensorMap x_map = tensor_map(x, n, in, Block<BN, WG>::kRows), w_map = tensor_map(W, out, in, BN);
     launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT>, grid, unsigned(plan.splits),
-                                  Block<BN, WG>::kThreads, Block<BN, WG>::kSmemBytes, stream, y, x, W, n, in, out,
-                                  plan.k_tiles_per_split);
+                                  Block<BN, WG>::kThreads, Block<BN, WG>::kSmemBytes, stream, y, x_map, w_map, n, in,
+                                  out, plan.k_tiles_per_split);
   });
 }
 
