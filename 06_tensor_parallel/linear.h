@@ -125,8 +125,9 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows (the default: the
 //                        fastest measured)
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kTunedMaxRows where it runs
-//                        (linear_wgmma_available; cuBLAS elsewhere). Measured: a decode step at batch
-//                        16 as fast as with 5, slower from 64 rows on (batch 256: 8.58 against 8.21 ms)
+//                        (linear_wgmma_available; cuBLAS elsewhere). Measured (one run each): a decode
+//                        step at batch 16 in 1.463 ms against 1.524 with 5, at 64 2.914 against 2.891,
+//                        at 256 8.405 against 8.111
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 6, kLinearVersionDefault = 5;
 

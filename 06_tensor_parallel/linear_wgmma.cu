@@ -1,8 +1,9 @@
 // linear_wgmma.cu: v6 of the projection, y (n, out) = x (n, in) @ W (out, in)^T on Hopper's warpgroup
 // tensor cores (wgmma, sm_90a) fed by its copy engine (TMA): written for the decode batches of 9 to 512
-// rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 it ties
-// cuBLAS at 16 rows and loses from 64 on (04_model_runner/NOTES.md, section 2), so it is not the default:
-// it is here as the book's Hopper GEMM, correct and tested, and as the starting point of a faster one.
+// rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 a decode
+// step is 4% faster with it at 16 rows, as fast at 64 and slower at 256 (04_model_runner/NOTES.md,
+// section 2), so it is not the default yet: it is here as the book's Hopper GEMM, correct and tested, and
+// as the starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
@@ -51,6 +52,7 @@ namespace {
 constexpr int kStageIn = 64;       // in_features per pipeline stage: 128 bytes of bf16, one swizzle row
 constexpr int kPipelineMax = 196608;  // bytes of stages a block may hold (of the SM's 227 KB)
 constexpr int kTargetBlocks = 132;    // one block per SM of an H100 / H200
+constexpr int kMaxSplits = 8;         // blocks per cluster: the largest portable cluster
 
 // The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs).
 template <int BN, int WG>
@@ -251,18 +253,25 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int rows = min(B::kRows, n - row0), my_rows = (rows - split + splits - 1) / splits;
   for (int q = int(threadIdx.x); q < my_rows * (BN / 4); q += B::kThreads) {
     const int r = split + q / (BN / 4) * splits, c = q % (BN / 4) * 4;
+    // Every block's 4 values first (their loads in flight together), then the sum in split order.
+    float4 v[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; s++)
+      if (s < splits) v[s] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sum_tile + r * B::kSumStride + c, s));
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = 0; s < splits; s++) {
-      const float4 v = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sum_tile + r * B::kSumStride + c, s));
-      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-    }
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; s++)
+      if (s < splits) sum.x += v[s].x, sum.y += v[s].y, sum.z += v[s].z, sum.w += v[s].w;
     const float values[4] = {sum.x, sum.y, sum.z, sum.w};
     OutT* dst = y + int64_t(row0 + r) * out + out0 + c;
 #pragma unroll
     for (int j = 0; j < 4; j++)
       if (out0 + c + j < out) store_y(dst + j, values[j]);
   }
-  cluster.sync();  // no block exits (freeing its shared memory) while another still reads it
+  // No block exits (freeing its shared memory) while another still reads it. The reads have returned
+  // (their values are summed above), so the arrival needs no release fence: cluster.sync() would add one
+  // for the whole GPU (MEMBAR.ALL.GPU in the machine code), which stalled blocks under ncu.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
 }
 
@@ -389,7 +398,7 @@ LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
   // The fewest splits that give a block per SM, at most a cluster's worth, each at least two stages
   // deep, and never so many that the clusters no longer fit in one wave: a block is short, and a second
   // wave costs about as long as the first.
-  const int max_splits = std::max(1, std::min(8, k_tiles / 2));
+  const int max_splits = std::max(1, std::min(kMaxSplits, k_tiles / 2));
   int splits = 1;
   for (int s = 2; s <= max_splits && tiles * splits < kTargetBlocks; s++) {
     plan.splits = s;
