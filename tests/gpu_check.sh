@@ -7,6 +7,8 @@
 #              on them (E2E_Gpu.TensorParallelWithStreamOrderedCollectives, `generate --collectives events`)
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
+#   linear     bench-step from batch 9 to 256 with cuBLAS (--linear-version 5) and with v6 (6), the graph
+#              step of each side by side: where 06's wgmma projection should take over
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
@@ -61,9 +63,18 @@ for phase in $phases; do
         $B/nanovllm bench-step --random qwen3-0.6b --batch $b > "$out/step-$b.log" 2>&1
         echo "batch $b: $(grep -E 'step time' "$out/step-$b.log")"
       done
-      for v in 0 1 2 3 4 5 6 7 8 9; do
+      for v in 0 1 2 3 4 5 6 7 8 9 10; do
         $B/nanovllm bench-step --random qwen3-0.6b --batch 256 --attention-version $v > "$out/step-256-v$v.log" 2>&1
         echo "v$v: $(grep -E 'attention decode' "$out/step-256-v$v.log")"
+      done ;;
+    linear)
+      for b in 9 12 16 24 32 48 64 128 256; do
+        line="batch $b:"
+        for v in 5 6; do
+          $B/nanovllm bench-step --random qwen3-0.6b --batch $b --linear-version $v > "$out/step-$b-linear$v.log" 2>&1
+          line="$line v$v $(grep -oE '[0-9.]+ ms under a CUDA graph' "$out/step-$b-linear$v.log")"
+        done
+        echo "$line"
       done ;;
     tp)
       $B/test_ch04 --gtest_filter='*TensorParallel*' --gtest_brief=1 2>&1 | tail -3
