@@ -108,7 +108,7 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 
 // ---------------------------------------------------------------------------------------------------
 // CUDA: y (n, out) = x (n, in) @ W (out, in)^T with x and W bf16 (rows contiguous), fp32 accumulation,
-// y bf16 (activations) or fp32 (logits). Four versions, each tested against linear_cpu (prediction and
+// y bf16 (activations) or fp32 (logits). Six versions, each tested against linear_cpu (prediction and
 // measurement in 04_model_runner/NOTES.md):
 //   v1  linear_cuda        one cublasGemmEx call, cuBLAS's default algorithm    (linear_cuda.cpp)
 //   v2  linear_gemv_cuda   our kernel for n <= 16: the weights streamed once     (linear_gemv.cu)
