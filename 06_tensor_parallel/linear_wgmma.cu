@@ -74,6 +74,10 @@ struct Block {
   static constexpr int kSmemBytes = (kPipelineBytes > kSumBytes ? kPipelineBytes : kSumBytes) + 1024;
 };
 
+// The device code below exists in the sm_90a pass only (and in the host pass, which never calls it): the
+// passes for other GPUs compile the kernel empty, and linear_wgmma_available keeps CudaLinear from it.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
 // The copy engine (TMA). A tensor map (built on the host, tensor_map below) describes a (rows, in) bf16
 // matrix in global memory and a box of (box rows, 64 in_features); one instruction from one thread copies
 // a box at (k0, row0) into shared memory, 128-byte swizzled as wgmma reads it, filling with zeros what
@@ -163,6 +167,7 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 
 __device__ inline void store_y(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ inline void store_y(float* p, float v) { *p = v; }
+#endif  // the host pass or sm_90a
 
 // Grid (splits, out tiles of BN, row tiles of 64 WG), clusters of (splits, 1, 1). Block (split, o, r):
 // rows [r 64 WG, ...) x outputs [o BN, ...) of y over in_features [split * k_tiles_per_split * 64, ...).
