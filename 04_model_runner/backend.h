@@ -146,6 +146,25 @@ class Backend {
   }
   // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
   virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
+  // The projections with the small operations around them, each in one kernel, where a backend can (the GPU
+  // at batch 1 with linear version 7: 06_tensor_parallel/linear_prefetch.cu). The model calls the three
+  // below only when fuses_around_linear(rows) says yes, and only with one rank (with more, the all-reduce
+  // of a row-parallel projection sits between the product and the add). Each equals the operations in its
+  // comment, one after another, with every intermediate rounded to act dtype as they would store it.
+  virtual bool fuses_around_linear(int64_t /*rows*/) const { return false; }
+  // out (n, out_features) act = linear(rmsnorm(x) * norm_weight, weight); x (n, in_features) act.
+  virtual void rmsnorm_linear(const Tensor& /*out*/, const Tensor& /*x*/, const Tensor& /*norm_weight*/, float /*eps*/,
+                              const Tensor& /*weight*/) {
+    fail("internal: rmsnorm_linear on a backend that does not fuse (see fuses_around_linear)");
+  }
+  // residual (n, out_features) act += linear(x, weight); x (n, in_features) act.
+  virtual void linear_add(const Tensor& /*residual*/, const Tensor& /*x*/, const Tensor& /*weight*/) {
+    fail("internal: linear_add on a backend that does not fuse (see fuses_around_linear)");
+  }
+  // residual (n, out_features) act += linear(silu_and_mul(gate_up), weight); gate_up (n, 2 in_features) act.
+  virtual void silu_linear_add(const Tensor& /*residual*/, const Tensor& /*gate_up*/, const Tensor& /*weight*/) {
+    fail("internal: silu_linear_add on a backend that does not fuse (see fuses_around_linear)");
+  }
   // out (m, cols) = rows of x picked by rows (m,) i32.
   virtual void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) = 0;
   // tokens (m,) i32 from logits (m, vocab) F32 and settings (m,) SamplingRow (stored as U8 bytes).
@@ -159,8 +178,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 
 // The GPU backend on CUDA device `device_id` (only in builds with CUDA), running attention kernel
 // `attention_version` (05_attention/attention.h; -1: each phase's fastest) and the projections of
-// `linear_version` (06_tensor_parallel/linear.h; 1 to 6). Throws Error when there is no GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1, int linear_version = 5);
+// `linear_version` (06_tensor_parallel/linear.h; 1 to 7). Throws Error when there is no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1, int linear_version = 6);
 // True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();
 int cuda_device_count();

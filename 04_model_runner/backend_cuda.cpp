@@ -168,6 +168,24 @@ class CudaBackend final : public Backend {
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
     silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
   }
+  bool fuses_around_linear(int64_t rows) const override { return linear_->fuses(int(rows)); }
+  void rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
+                      const Tensor& weight) override {
+    fused_linear(out, x, weight, LinearFusion{LinearInput::RmsNorm, b16(norm_weight), eps, false});
+  }
+  void linear_add(const Tensor& residual, const Tensor& x, const Tensor& weight) override {
+    fused_linear(residual, x, weight, LinearFusion{LinearInput::Plain, nullptr, 0.0f, true});
+  }
+  void silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) override {
+    fused_linear(residual, gate_up, weight, LinearFusion{LinearInput::SiluAndMul, nullptr, 0.0f, true});
+  }
+  void fused_linear(const Tensor& y, const Tensor& x, const Tensor& weight, const LinearFusion& fusion) {
+    if (!fuses_around_linear(x.rows()))
+      fail("internal: a fused projection of ", x.rows(), " rows with linear version that does not fuse them");
+    assert(y.row_size() == weight.shape[0]);
+    linear_prefetch_cuda(b16(y), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0]),
+                         fusion, stream_);
+  }
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
   }

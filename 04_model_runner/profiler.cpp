@@ -70,6 +70,17 @@ std::vector<OpTime> ProfiledBackend::report() {
   return out;
 }
 
+namespace {
+
+// "linear 1x1024->4096" (rows x in -> out); the fused projections say what they took in:
+// "rmsnorm+linear 1x1024->4096".
+std::string linear_label(const char* what, const Tensor& x, const Tensor& weight) {
+  return std::string(what) + std::to_string(x.rows()) + "x" + std::to_string(weight.shape[1]) + "->" +
+         std::to_string(weight.shape[0]);
+}
+
+}  // namespace
+
 void ProfiledBackend::embedding(const Tensor& out, const Tensor& table, const Tensor& ids, int vocab_start) {
   timed("embedding", [&] { inner_->embedding(out, table, ids, vocab_start); });
 }
@@ -81,9 +92,7 @@ void ProfiledBackend::add_rmsnorm(const Tensor& out, const Tensor& residual, con
   timed("add_rmsnorm", [&] { inner_->add_rmsnorm(out, residual, x, weight, eps); });
 }
 void ProfiledBackend::linear(const Tensor& out, const Tensor& x, const Tensor& weight) {
-  const std::string label = "linear " + std::to_string(x.rows()) + "x" + std::to_string(weight.shape[1]) + "->" +
-                            std::to_string(weight.shape[0]);
-  timed(label, [&] { inner_->linear(out, x, weight); });
+  timed(linear_label("linear ", x, weight), [&] { inner_->linear(out, x, weight); });
 }
 void ProfiledBackend::qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                    const Tensor& positions, const Tensor& cos, const Tensor& sin,
@@ -124,6 +133,17 @@ void ProfiledBackend::qk_norm_rope_store_attention(const Tensor& out, const Tens
 }
 void ProfiledBackend::silu_and_mul(const Tensor& out, const Tensor& gate_up) {
   timed("silu_and_mul", [&] { inner_->silu_and_mul(out, gate_up); });
+}
+void ProfiledBackend::rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
+                                     const Tensor& weight) {
+  timed(linear_label("rmsnorm+linear ", x, weight), [&] { inner_->rmsnorm_linear(out, x, norm_weight, eps, weight); });
+}
+void ProfiledBackend::linear_add(const Tensor& residual, const Tensor& x, const Tensor& weight) {
+  timed(linear_label("linear+add ", x, weight), [&] { inner_->linear_add(residual, x, weight); });
+}
+void ProfiledBackend::silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) {
+  timed(linear_label("silu+linear+add ", gate_up, weight),
+        [&] { inner_->silu_linear_add(residual, gate_up, weight); });
 }
 void ProfiledBackend::gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) {
   timed("gather_rows", [&] { inner_->gather_rows(out, x, rows); });

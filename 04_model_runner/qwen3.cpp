@@ -187,6 +187,23 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
   b.embedding(residual, weights_.embed_tokens, in.input_ids, int(tp_rank_ * tp_.vocab_per_rank));
   const bool tp = tp_.tp_size > 1;  // with one rank there is nothing to add up
   if (tp) b.all_reduce(residual);
+  // At batch 1 on the GPU (linear version 7) each projection takes in the small operations around it
+  // (Backend::fuses_around_linear): the norms and the SiLU run inside the projection after them, and the
+  // residual add inside the projection before it, so that one projection follows another. The same
+  // operations as below, in the same order.
+  if (!tp && b.fuses_around_linear(T)) {
+    for (size_t l = 0; l < weights_.layers.size(); l++) {
+      const Qwen3Weights::Layer& w = weights_.layers[l];
+      b.rmsnorm_linear(qkv, residual, w.input_layernorm, eps, w.qkv_proj);
+      b.qk_norm_rope_store_attention(attn_out, qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin,
+                                     k_caches[l], v_caches[l], heads_, eps, in.attention, shape);
+      b.linear_add(residual, attn_out, w.o_proj);
+      b.rmsnorm_linear(gate_up, residual, w.post_attention_layernorm, eps, w.gate_up_proj);
+      b.silu_linear_add(residual, gate_up, w.down_proj);
+    }
+    b.rmsnorm(normed, residual, weights_.norm, eps);
+    return;
+  }
   for (size_t l = 0; l < weights_.layers.size(); l++) {
     const Qwen3Weights::Layer& w = weights_.layers[l];
     // Attention block. The first layer has no sublayer output to add yet.

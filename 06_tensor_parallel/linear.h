@@ -117,19 +117,22 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   v5  linear_gemv_mma_cuda our GEMV on tensor cores for n <= 16               (linear_gemv_mma.cu)
 //   v6  linear_wgmma_cuda    our GEMM on Hopper's wgmma, tiles as tall as the batch, split-K in a
 //                            cluster                                           (linear_wgmma.cu)
+//   v7  linear_prefetch_cuda for n <= 4: the weights copied into shared memory before the previous
+//                            kernel ends, the norm or SiLU before and the residual add after the product
+//                            in the same kernel                                 (linear_prefetch.cu)
 // CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
 //   --linear-version 1   v1 only
-//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above (the default: the fastest measured)
+//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above
 //   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
-//   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows (the default: the
-//                        fastest measured)
-//   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kTunedMaxRows where it runs
-//                        (linear_wgmma_available; cuBLAS elsewhere). Measured (one run each): a decode
-//                        step at batch 16 in 1.463 ms against 1.524 with 5, at 64 2.914 against 2.891,
-//                        at 256 8.405 against 8.111
+//   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
+//   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows where it runs
+//                        (linear_wgmma_available; cuBLAS elsewhere): the default, the fastest measured
+//   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
+//                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
+//                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
-constexpr int kLinearVersionMin = 1, kLinearVersionMax = 6, kLinearVersionDefault = 5;
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefault = 6;
 
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
@@ -208,8 +211,44 @@ bool linear_wgmma_available();
 // CudaLinear runs v6 for the layer projections only: with an LM head's 151,936 outputs x is reread by
 // 1,187 output tiles, more bytes than the weight (measured at 256 rows: 277 µs against cuBLAS's 135).
 constexpr int kWgmmaMaxOut = 16384;
+// Measured on the H200 (bench-step, graph step, v6 for 9-512 rows against version 5, 2026-12-01): v6 is
+// faster at batch 9 (1.308 against 1.401 ms), 12 (1.370 / 1.499), 16 (1.486 / 1.545) and 48 (2.514 /
+// 2.584), as fast at 24 and 32, slower from 64 on (64: 2.942 / 2.931; 128: 4.855 / 4.704; 256: 8.520 /
+// 8.232). CudaLinear uses it up to this many rows.
+constexpr int kWgmmaFasterRows = 48;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
+
+// v7: for 1 <= n <= kPrefetchMaxRows (linear_prefetch.cu). Every warp's weight rows are copied whole into
+// shared memory by the copy engine before the kernel waits for the previous one, so they stream while the
+// previous kernel runs; and the small operations around a projection run in the same kernel, on its input
+// (LinearInput) and on its output (add_to_y). y and x bf16.
+enum class LinearInput {
+  Plain,       // x (n, in) as it is
+  RmsNorm,     // rmsnorm_cuda(x) * norm_weight, x (n, in)
+  SiluAndMul,  // silu_and_mul_cuda(x), x = gate_up (n, 2 in)
+};
+struct LinearFusion {
+  LinearInput input = LinearInput::Plain;
+  const bf16* norm_weight = nullptr;  // RmsNorm: (in,)
+  float eps = 0;                      // RmsNorm
+  bool add_to_y = false;              // y (the residual) += the product rounded to bf16, rounded again
+};
+constexpr int kPrefetchMaxRows = 4;
+// ...used by the model at batch 1 (measured: 04_model_runner/NOTES.md, section 2).
+constexpr int kPrefetchFasterRows = 1;
+// A launch: `blocks` blocks of `warps` warps, `rows_per_warp` consecutive weight rows per warp, about one
+// block per SM, within 112 KB of shared memory where one row a block allows, else 226 KB (blocks 0: a
+// weight row and x do not fit in that).
+struct LinearPrefetchPlan {
+  int blocks = 0, warps = 0, rows_per_warp = 0, smem_bytes = 0;
+};
+LinearPrefetchPlan linear_prefetch_plan(int n, int in_features, int out_features, int num_sms);
+// A GPU of compute capability 9.0 or later running code built for it (the bulk copy is sm_90).
+bool linear_prefetch_available();
+bool linear_prefetch_fits(const bf16* x, const bf16* W, int n, int in_features, int out_features);
+void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                          const LinearFusion& fusion, cudaStream_t stream);
 
 // v3: cuBLASLt with an algorithm chosen per shape by timing (nano-vllm leaves the choice to PyTorch, that
 // is to cuBLAS's heuristic). A shape is (device, n rounded up to a multiple of 16, in, out, output dtype,
@@ -266,6 +305,9 @@ class CudaLinear {
   CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes,
              int version = kLinearVersionDefault);
   void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
+  // Whether n rows of the model's projections run fused, in v7 (version 7, n <= kPrefetchFasterRows, a GPU
+  // that has it): the backend's rmsnorm_linear, linear_add and silu_linear_add then call linear_prefetch_cuda.
+  bool fuses(int n) const { return version_ >= 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
 
  private:
   cublasHandle_t cublas_;

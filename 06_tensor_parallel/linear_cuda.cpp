@@ -33,7 +33,7 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (n == 0) return;
-  if (version_ == 6 && n > kGemvMmaFasterRows && n <= kTunedMaxRows && out_features <= kWgmmaMaxOut &&
+  if (version_ >= 6 && n > kGemvMmaFasterRows && n <= kWgmmaFasterRows && out_features <= kWgmmaMaxOut &&
       linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available()) {
     linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;

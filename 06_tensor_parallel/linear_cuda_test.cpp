@@ -194,6 +194,90 @@ TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
+TEST(Ch06_LinearCuda, PrefetchPlansABlockPerSmWithinItsSharedMemory) {  // host logic only: no GPU needed
+  auto expect_plan = [](int n, int in, int out, int blocks, int warps, int rows_per_warp) {
+    const LinearPrefetchPlan p = linear_prefetch_plan(n, in, out, 132);
+    EXPECT_EQ(p.blocks, blocks) << n << "x" << in << "->" << out;
+    EXPECT_EQ(p.warps, warps) << n << "x" << in << "->" << out;
+    EXPECT_EQ(p.rows_per_warp, rows_per_warp) << n << "x" << in << "->" << out;
+    if (blocks > 0) {  // the weight rows, the input rows, a barrier per warp
+      EXPECT_EQ(p.smem_bytes, (warps * rows_per_warp + n) * in * 2 + warps * 8) << n << "x" << in << "->" << out;
+    }
+  };
+  expect_plan(1, 1024, 4096, 128, 8, 4);    // qkv: 32 rows a block (64 KB)
+  expect_plan(1, 1024, 6144, 128, 8, 6);    // gate_up: ceil(6144 / 132) = 47 rows, 48 planned (96 KB)
+  expect_plan(1, 3072, 1024, 128, 8, 1);    // down_proj: 8 rows of 6 KB
+  expect_plan(4, 2048, 6144, 384, 8, 2);    // 6 rows a warp would take 208 KB, 3 take 112 KB + 64 bytes
+  expect_plan(1, 96, 50, 50, 1, 1);         // fewer rows than SMs: a row a block
+  expect_plan(1, 16384, 1024, 512, 2, 1);   // a row of 32 KB: two warps a block within 112 KB
+  expect_plan(1, 30000, 1024, 1024, 1, 1);  // a row and x take 117 KB: one row a block, alone on its SM
+  expect_plan(1, 60000, 8, 0, 0, 0);        // 234 KB: does not fit
+}
+
+TEST(Ch06_LinearCuda, PrefetchMatchesCpuWithItsFusions) {  // v7
+  SKIP_WITHOUT_GPU();
+  if (!linear_prefetch_available()) GTEST_SKIP() << "v7 needs compute capability 9.0 or later";
+  std::mt19937 rng(15);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
+  const float eps = 1e-6f;
+  // Qwen3-0.6B's four projections; ragged ones (fewer rows than SMs; a last warp with fewer rows; 3 warps
+  // a block).
+  for (int n : {1, 2, 3, 4})
+    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 1024, 6144}, Shape{n, 3072, 1024},
+                    Shape{n, 96, 50}, Shape{n, 200, 1003}, Shape{n, 4096, 300}})
+      for (LinearInput input : {LinearInput::Plain, LinearInput::RmsNorm, LinearInput::SiluAndMul})
+        for (bool add : {false, true}) {
+          const std::string what = "v7 input " + std::to_string(int(input)) + (add ? " add " : " ") + name(s);
+          // The spec: the separate operations on the CPU, each output rounded to bf16 as the GPU stores it.
+          const int x_cols = input == LinearInput::SiluAndMul ? 2 * s.in : s.in;
+          std::vector<float> x = random_bf16_values(size_t(s.n) * x_cols, rng);
+          std::vector<float> norm = random_bf16_values(size_t(s.in), rng);
+          std::vector<float> w = random_bf16_values(size_t(s.out) * s.in, rng, 1.0f / std::sqrt(float(s.in)));
+          std::vector<float> y0 = random_bf16_values(size_t(s.n) * s.out, rng);
+          // (04_model_runner's rmsnorm_cpu and silu_and_mul_cpu, written out: chapter 06 does not link 04.)
+          std::vector<float> in_rows(size_t(s.n) * s.in);
+          for (int m = 0; m < s.n; m++) {
+            const float* row = x.data() + size_t(m) * x_cols;
+            double sum_sq = 0;
+            for (int k = 0; k < s.in; k++) sum_sq += double(row[k]) * row[k];
+            const float inv_rms = float(1.0 / std::sqrt(sum_sq / s.in + eps));
+            for (int k = 0; k < s.in; k++) {
+              float& v = in_rows[size_t(m) * s.in + k];
+              if (input == LinearInput::Plain) v = row[k];
+              if (input == LinearInput::RmsNorm) v = row[k] * inv_rms * norm[size_t(k)];
+              if (input == LinearInput::SiluAndMul) v = row[k] / (1.0f + std::exp(-row[k])) * row[k + s.in];
+            }
+          }
+          in_rows = round_bf16(in_rows);
+          std::vector<float> want(size_t(s.n) * s.out);
+          linear_cpu(want.data(), in_rows.data(), w.data(), s.n, s.in, s.out);
+          if (add) {
+            want = round_bf16(want);
+            for (size_t i = 0; i < want.size(); i++) want[i] += y0[i];
+          }
+          std::vector<float> y_init = y0;
+          y_init.resize(want.size() + size_t(s.out), std::nanf(""));  // + a guard row, which must stay NaN
+          DeviceArray<bf16> d_x(to_bf16(x)), d_norm(to_bf16(norm)), d_w(to_bf16(w)), d_y(to_bf16(y_init));
+          CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+          const LinearFusion fusion{input, d_norm.ptr, eps, add};
+          ASSERT_TRUE(linear_prefetch_fits(d_x.ptr, d_w.ptr, s.n, s.in, s.out)) << what;
+          linear_prefetch_cuda(d_y.ptr, d_x.ptr, d_w.ptr, s.n, s.in, s.out, fusion, stream);
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          std::vector<float> got = to_float(d_y.get());
+          for (size_t i = want.size(); i < got.size(); i++)
+            ASSERT_TRUE(std::isnan(got[i])) << what << ": wrote past its output, element " << i;
+          got.resize(want.size());
+          EXPECT_LE(rel_error(got, want), 1e-2) << what;
+        }
+  // Refused: more rows than it has accumulators for, and in_features whose row does not fit.
+  DeviceArray<bf16> d_big(size_t(8) * 60000);
+  EXPECT_FALSE(linear_prefetch_fits(d_big.ptr, d_big.ptr, kPrefetchMaxRows + 1, 1024, 1024));
+  EXPECT_FALSE(linear_prefetch_fits(d_big.ptr, d_big.ptr, 1, 60000, 8));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 TEST(Ch06_LinearCuda, CublasLtMatchesCpuAndRepeatsItsChoice) {  // v3
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(11);

@@ -1,9 +1,9 @@
 // linear_wgmma.cu: v6 of the projection, y (n, out) = x (n, in) @ W (out, in)^T on Hopper's warpgroup
 // tensor cores (wgmma, sm_90a) fed by its copy engine (TMA): written for the decode batches of 9 to 512
 // rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 a decode
-// step is 4% faster with it at 16 rows, as fast at 64 and slower at 256 (04_model_runner/NOTES.md,
-// section 2), so it is not the default yet: it is here as the book's Hopper GEMM, correct and tested, and
-// as the starting point of a faster one.
+// step is 4-9% faster with it from 9 to 16 rows, as fast at 24-32, 3% faster at 48 and slower from 64 on
+// (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows): the
+// book's Hopper GEMM, and the starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
@@ -89,25 +89,6 @@ __device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, int k0, in
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(barrier)
       : "memory");
 }
-// The barrier's phase completes when one thread has arrived (the count it was initialised with) and
-// `bytes` bytes of copies have landed.
-__device__ inline void mbarrier_init(uint32_t barrier) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(barrier) : "memory");
-}
-__device__ inline void mbarrier_arrive_expecting(uint32_t barrier, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
-}
-// Returns once the barrier's phase with this parity (0, 1, 0, ... for its uses 0, 1, 2, ...) completed.
-__device__ inline void mbarrier_wait(uint32_t barrier, int parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(barrier), "r"(parity)
-        : "memory");
-}
-
 // wgmma's shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle (PTX ISA, "Matrix
 // Descriptor Format"): bits 0-13 the start address / 16; 16-29 the leading byte offset / 16 (unused by a
 // swizzled K-major operand whose 16-wide k slice lies within one 128-byte row: 1 by convention); 32-45

@@ -139,6 +139,40 @@ TEST(E2E_Gpu, GreedyMatchesTransformersInEveryEngineShape) {
   EXPECT_GT(chunks, 0);
 }
 
+TEST(E2E_Gpu, FusedProjectionsAtBatchOneMatchTransformers) {
+  // --linear-version 7: at one row each projection takes in the norm, the SiLU and the residual add
+  // around it (Backend::fuses_around_linear, 06_tensor_parallel/linear_prefetch.cu). One prompt at a time,
+  // so that every decode step is one row, under CUDA graphs and eager; the one-token prompts' prefills are
+  // one row too.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    for (bool eager : {false, true}) {
+      EngineConfig c = gpu_config(model);
+      c.linear_version = 7;
+      c.enforce_eager = eager;
+      LLMEngine engine(c);
+      bool fuses = false;  // what the backend says about one row (asked through the wrapper hook)
+      engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
+        fuses = b->fuses_around_linear(1);
+        return b;
+      });
+      if (!fuses) GTEST_SKIP() << "this GPU has no fused projections (compute capability 9.0 or later)";
+      const std::string what = model + (eager ? " eager" : " graphs") + ", linear version 7, one prompt at a time";
+      std::vector<GenerateOutput> outputs;
+      for (const auto& prompt : g.prompts) outputs.push_back(engine.generate({prompt}, {greedy(24)})[0]);
+      expect_golden_greedy(g, outputs, what);
+      for (size_t i = 0; i < g.prompts.size(); i++) {
+        if (g.prompts[i].size() != 1) continue;
+        engine.add_request(g.prompts[i], greedy(1));
+        std::vector<float> logits;
+        while (!engine.is_finished()) engine.step(&logits);
+        EXPECT_LE(relative_error(logits, g.logits[i]), 2e-2) << what << " case " << i;
+      }
+    }
+  }
+}
+
 TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   Golden g = load("tiny-qwen3-a");

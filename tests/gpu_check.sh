@@ -7,8 +7,8 @@
 #              on them (E2E_Gpu.TensorParallelWithStreamOrderedCollectives, `generate --collectives events`)
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
-#   linear     bench-step from batch 9 to 256 with cuBLAS (--linear-version 5) and with v6 (6), the graph
-#              step of each side by side: where 06's wgmma projection should take over
+#   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
+#              beside the default (6: v6 from 9 to 48 rows) and, up to batch 4, v7's fused projections (7)
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
@@ -68,9 +68,9 @@ for phase in $phases; do
         echo "v$v: $(grep -E 'attention decode' "$out/step-256-v$v.log")"
       done ;;
     linear)
-      for b in 9 12 16 24 32 48 64 128 256; do
+      for b in 1 2 4 9 12 16 24 32 48 64; do
         line="batch $b:"
-        for v in 5 6; do
+        for v in 5 6 $([ $b -le 4 ] && echo 7); do
           $B/nanovllm bench-step --random qwen3-0.6b --batch $b --linear-version $v > "$out/step-$b-linear$v.log" 2>&1
           line="$line v$v $(grep -oE '[0-9.]+ ms under a CUDA graph' "$out/step-$b-linear$v.log")"
         done

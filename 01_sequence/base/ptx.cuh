@@ -1,7 +1,8 @@
 // ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5, v6 and v9,
 // 06_tensor_parallel's linear_split_k.cu), one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
-// m16n8k16). Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the
-// fragment layouts ldmatrix and mma use. Here, in base, because two chapters use them.
+// m16n8k16), and the copy engine's barriers and bulk copy of 06_tensor_parallel's sm_90 kernels. Chapter
+// 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the fragment layouts
+// ldmatrix and mma use. Here, in base, because two chapters use them.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +56,35 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
 __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo is the lower half
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The copy engine's barriers (sm_90: 06_tensor_parallel's linear_wgmma.cu and linear_prefetch.cu). An
+// mbarrier is 8 bytes of shared memory that counts arrivals and bytes: a copy issued "complete_tx" on it
+// adds the bytes it delivered, and the barrier's phase completes when the expected arrivals and bytes are
+// all in. Threads wait on the phase's parity. Initialised here with one arrival: the phase completes when
+// one thread has arrived (mbarrier_arrive_expecting) and the `bytes` it announced have landed.
+__device__ inline void mbarrier_init(uint32_t barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(barrier) : "memory");
+}
+__device__ inline void mbarrier_arrive_expecting(uint32_t barrier, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+}
+// Returns once the barrier's phase with this parity (0, 1, 0, ... for its uses 0, 1, 2, ...) completed.
+__device__ inline void mbarrier_wait(uint32_t barrier, int parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(barrier), "r"(parity)
+        : "memory");
+}
+// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned) by the copy engine
+// in one instruction, counted on `barrier` (the 1D bulk copy: no tensor map, a contiguous range).
+__device__ inline void bulk_copy_to_shared(uint32_t dst, const void* src, int bytes, uint32_t barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(barrier)
+               : "memory");
 }
 
 }  // namespace nanovllm

@@ -51,8 +51,8 @@ void flush_stdout();
 // --attention-version N: a kernel of chapter 05's ladder (0 .. 7, 05_attention/attention.h), or the
 // default -1, each phase's fastest. A usage error names the range.
 int attention_version_from(const Flags& flags);
-// --linear-version N: which of chapter 06's projection versions the GPU may use (1 to 6,
-// 06_tensor_parallel/linear.h), default 5. A usage error names the range.
+// --linear-version N: which of chapter 06's projection versions the GPU may use (1 to 7,
+// 06_tensor_parallel/linear.h), default 6. A usage error names the range.
 int linear_version_from(const Flags& flags);
 
 // --collectives spin|events: how GPU tensor-parallel ranks wait for each other (EngineConfig::collectives);
