@@ -205,13 +205,16 @@ __global__ void __launch_bounds__(128 * WG, 1)
     for (int k = 0; k < kStageIn / 16; k++)
       wgmma_bf16<BN>(acc, swizzled_operand(a + uint32_t(32 * k)), swizzled_operand(b + uint32_t(32 * k)));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // the 4 products are in acc
-    fence_accumulators(acc);
+    // No wait here: the next stage's products queue behind these on the same accumulators, so the tensor
+    // cores never drain between stages. Only a stage about to be refilled must be read completely first.
     if (t + kStages < k_tiles) {
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       __syncthreads();  // every warpgroup is done reading stage t, which the copies below refill
       if (threadIdx.x == 0) load_w(t + kStages), load_x(t + kStages);
     }
   }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // every product is in acc
+  fence_accumulators(acc);
 
   const int lane = int(threadIdx.x) % 32, warp_row = warpgroup * 64 + (int(threadIdx.x) % 128) / 32 * 16;
   auto row_of = [&](int i) { return warp_row + lane / 4 + 8 * ((i / 2) % 2); };  // within the block's tile
