@@ -179,13 +179,6 @@ class CudaBackend final : public Backend {
   void silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) override {
     fused_linear(residual, gate_up, weight, LinearFusion{LinearInput::SiluAndMul, nullptr, 0.0f, true});
   }
-  void fused_linear(const Tensor& y, const Tensor& x, const Tensor& weight, const LinearFusion& fusion) {
-    if (!fuses_around_linear(x.rows()))
-      fail("internal: a fused projection of ", x.rows(), " rows with linear version that does not fuse them");
-    assert(y.row_size() == weight.shape[0]);
-    linear_prefetch_cuda(b16(y), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0]),
-                         fusion, stream_);
-  }
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
   }
@@ -221,6 +214,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // rmsnorm_linear, linear_add and silu_linear_add: y (n, out) = or += the projection of x as `fusion` says.
+  void fused_linear(const Tensor& y, const Tensor& x, const Tensor& weight, const LinearFusion& fusion) {
+    if (!fuses_around_linear(x.rows()))
+      fail("internal: a fused projection of ", x.rows(), " rows, which this linear version does not fuse");
+    assert(y.row_size() == weight.shape[0]);
+    linear_prefetch_cuda(b16(y), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0]),
+                         fusion, stream_);
+  }
+
   int device_id_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;  // recorded after each upload_async

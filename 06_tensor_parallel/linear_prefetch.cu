@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const uint32_t barrier = smem_address(&landed[warp]);
 
   // Before the wait: this warp's weight rows, one copy (W is no kernel's output). (Letting the next kernel
-  // start here too, before the wait, so that its copies overlap this kernel's, was slower: NOTES.md.)
+  // start here too, before the wait, so that its copies overlap this kernel's, was slower:
+  // 04_model_runner/NOTES.md, section 2.)
   if (lane == 0 && rows > 0) {
     mbarrier_init(barrier);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine

@@ -25,12 +25,14 @@
 // (128 threads) waits for the barrier, then issues 4 wgmma.m64nBNk16: its 64 rows of x (A, 64 x 16)
 // times the block's BN rows of W (B, BN x 16), both read by the tensor cores straight from shared memory
 // through a 64-bit descriptor (address, stride between 8-row groups, swizzle mode), accumulating 64 x BN
-// fp32 in registers (BN / 2 per thread). W is (out, in) with in contiguous, as is x: both operands are
-// "K-major", the layout wgmma reads without a transpose. (The first version loaded with cp.async, each
-// thread its 16-byte chunks: commit 282a2cd; the copy engine made it 6-10% faster at 256 rows.)
+// fp32 in registers (BN / 2 per thread). It waits for those products to finish (wgmma.wait_group) only
+// before the stage is refilled and at the end: the next stage's products queue behind them on the same
+// accumulators. W is (out, in) with in contiguous, as is x: both operands are "K-major", the layout wgmma
+// reads without a transpose. (The first version loaded with cp.async, each thread its 16-byte chunks:
+// commit 282a2cd; the copy engine made it 6-10% faster at 256 rows.)
 //
 // Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 split-K mma.sync, v5 GEMV
-// on tensor cores, v6 this file. CPU reference: linear_cpu. Prediction and measurement:
+// on tensor cores, v6 this file, v7 the fused GEMV of linear_prefetch.cu. CPU reference: linear_cpu. Prediction and measurement:
 // 04_model_runner/NOTES.md, section 2.
 #include <algorithm>
 #include <cstdint>
