@@ -327,15 +327,15 @@ int cmd_bench_step(const Flags& flags) {
   double total_ms = 0;
   for (const OpTime& op : ops) {
     // Bytes an operation must move at least: attention reads every context token's K and V; a linear
-    // layer (fused or not: "rmsnorm+linear 1x1024->4096") reads its weight and activations and writes its
-    // output.
+    // layer, fused or not ("linear 1x1024->4096", "rmsnorm+linear 1x1024->4096", "linear+add ...",
+    // "silu+linear+add ..."), reads its weight and activations and writes its output.
     double bytes = 0;
     int n = 0, in = 0, out = 0;
-    const size_t linear_at = op.label.find("linear ");
+    const size_t shape_at = op.label.rfind(' ');
     if (op.label == "attention decode" || op.label == "qk_norm_rope_store + attention decode") {
       bytes = double(batch) * context * kv_bytes_per_token_layer * op.calls;
-    } else if (linear_at != std::string::npos &&
-               std::sscanf(op.label.c_str() + linear_at, "linear %dx%d->%d", &n, &in, &out) == 3) {
+    } else if (op.label.find("linear") != std::string::npos && shape_at != std::string::npos &&
+               std::sscanf(op.label.c_str() + shape_at, " %dx%d->%d", &n, &in, &out) == 3) {
       bytes = (double(in) * out + double(n) * in) * 2 * op.calls + double(n) * out * (out == mc.vocab_size ? 4 : 2) * op.calls;
     }
     total_ms += op.milliseconds;
