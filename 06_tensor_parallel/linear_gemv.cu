@@ -27,9 +27,6 @@ constexpr int kRowsPerWarp = 2;     // weight rows per warp: each x chunk loaded
 constexpr int kChunksInFlight = 4;  // 16-byte weight loads per lane and row issued before any is used:
                                     // 2 rows x 4 x 16 B = 128 B per lane, 4 KB per warp in flight
 
-__device__ inline void store_out(bf16* p, float v) { *p = __float2bfloat16(v); }
-__device__ inline void store_out(float* p, float v) { *p = v; }
-
 // y (n, out) OutT = x (n, in) bf16 @ W (out, in)^T bf16, n <= MAX_N; in % 8 == 0, x and W 16-byte aligned.
 // Warp w of block b computes output features o0 = (b * kWarps + w) * kRowsPerWarp and o0 + 1 for every
 // row m < n (out = 4096: 2048 warps, 512 blocks).
@@ -92,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; r++) {
       const float sum = warp_sum(acc[m][r]);
-      if (lane == 0 && o0 + r < out) store_out(y + int64_t(m) * out + o0 + r, sum);
+      if (lane == 0 && o0 + r < out) store_float(y + int64_t(m) * out + o0 + r, sum);
     }
   }
 }

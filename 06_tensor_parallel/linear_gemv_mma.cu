@@ -37,9 +37,6 @@ namespace {
 constexpr int kGemvWarps = 4;  // warps per block, splitting the in_features of the block's 16 outputs
 constexpr int kUnroll = 4;     // 32-wide k blocks each warp loads before it multiplies: 2 x 64 B of W per lane
 
-__device__ inline void store_out(bf16* p, float v) { *p = __float2bfloat16(v); }
-__device__ inline void store_out(float* p, float v) { *p = v; }
-
 // Block (output group, split): outputs o0 = 16 * blockIdx.x .. o0 + 15, in_features of split blockIdx.y
 // (k_per_split of them, a multiple of 32). X_TILES = 1 for n <= 8 rows of x, 2 for n <= 16.
 // splits == 1: y (n, out); splits > 1: partial[split] (n, out) fp32.
@@ -111,7 +108,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       for (int w = 0; w < kGemvWarps; w++) sum += part[w][lane][4 * t + e];
       const int o = o0 + g + 8 * (e / 2), row = 8 * t + 2 * t4 + e % 2;
       if (o >= out || row >= n) continue;
-      if (direct) store_out(y + int64_t(row) * out + o, sum);
+      if (direct) store_float(y + int64_t(row) * out + o, sum);
       else partial[(int64_t(split) * n + row) * out + o] = sum;
     }
 }

@@ -51,9 +51,6 @@ __device__ inline void copy_tile(uint32_t tile, const bf16* M, int rows, int in,
   }
 }
 
-__device__ inline void store_y(bf16* p, float v) { *p = __float2bfloat16(v); }
-__device__ inline void store_y(float* p, float v) { *p = v; }
-
 // Block (row tile, output tile, split): y[rows, outs] over in_features [split * k_per_split, ...).
 // splits == 1: writes y (OutT). splits > 1: writes its fp32 partial to partial[split] (n, out), added up
 // by linear_split_k_reduce_kernel.
@@ -133,7 +130,7 @@ __global__ void __launch_bounds__(kThreadsGemm)
       for (int e = 0; e < 4; e++) {
         const int row = row0 + wm * 32 + mi * 16 + g + 8 * (e / 2), col = out0 + wn * 32 + ni * 8 + 2 * t4 + e % 2;
         if (row >= n || col >= out) continue;
-        if (direct) store_y(y + int64_t(row) * out + col, acc[mi][ni][e]);
+        if (direct) store_float(y + int64_t(row) * out + col, acc[mi][ni][e]);
         else partial[(int64_t(split) * n + row) * out + col] = acc[mi][ni][e];
       }
 }
@@ -147,7 +144,7 @@ __global__ void linear_split_k_reduce_kernel(OutT* y, const float* partial, int6
   if (i >= elems) return;
   float sum = 0.0f;
   for (int s = 0; s < splits; s++) sum += partial[s * elems + i];
-  store_y(y + i, sum);
+  store_float(y + i, sum);
 }
 
 template <class OutT>

@@ -148,8 +148,6 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 }
 #undef NANOVLLM_D8
 
-__device__ inline void store_y(bf16* p, float v) { *p = __float2bfloat16(v); }
-__device__ inline void store_y(float* p, float v) { *p = v; }
 #endif  // the host pass or sm_90a
 
 // Grid (splits, out tiles of BN, row tiles of 64 WG), clusters of (splits, 1, 1). Block (split, o, r):
@@ -225,7 +223,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) {
       const int row = row0 + row_of(i), col = out0 + col_of(i);
-      if (row < n && col < out) store_y(y + int64_t(row) * out + col, acc[i]);
+      if (row < n && col < out) store_float(y + int64_t(row) * out + col, acc[i]);
     }
     return;
   }
@@ -257,7 +255,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
     OutT* dst = y + int64_t(row0 + r) * out + out0 + c;
 #pragma unroll
     for (int j = 0; j < 4; j++)
-      if (out0 + c + j < out) store_y(dst + j, values[j]);
+      if (out0 + c + j < out) store_float(dst + j, values[j]);
   }
   // No block exits (freeing its shared memory) while another still reads it. The reads have returned
   // (their values are summed above), so the arrival needs no release fence: cluster.sync() would add one

@@ -79,6 +79,11 @@ __device__ inline void store_bf16x8(bf16* p, const float in[8]) {
   *reinterpret_cast<Bf16x8*>(p) = v;
 }
 
+// One fp32 result stored as the output's element type: rounded to bf16 (activations) or as it is (fp32
+// logits). The projections' kernels are templates over that type.
+__device__ inline void store_float(bf16* p, float v) { *p = __float2bfloat16(v); }
+__device__ inline void store_float(float* p, float v) { *p = v; }
+
 // The same 8 values already loaded as raw 16 bytes (a uint4), converted to float.
 __device__ inline void bf16x8_to_float(const uint4& raw, float out[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
