@@ -12,20 +12,6 @@ namespace {
 constexpr int kRowThreads = 128;        // one block per row for the row-wise kernels
 constexpr int kMaxChunksPerThread = 8;  // hidden <= 8 * 8 * 128 = 8192
 
-// Sum of v over the block's threads (blockDim.x == kRowThreads); every thread gets the total.
-__device__ float block_sum(float v) {
-  __shared__ float partial[kRowThreads / 32];
-  v = warp_sum(v);
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();  // every warp's partial is written before any thread reads them
-  float total = 0;
-#pragma unroll
-  for (int w = 0; w < kRowThreads / 32; w++) total += partial[w];
-  __syncthreads();  // partial[] may be reused by the next call
-  return total;
-}
-
 __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* ids, int hidden, int vocab_start,
                                  int vocab_size) {
   wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
@@ -65,7 +51,7 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
 #pragma unroll
     for (int k = 0; k < 8; k++) sum_sq += v[i][k] * v[i][k];
   }
-  const float inv_rms = rsqrtf(block_sum(sum_sq) / hidden + eps);
+  const float inv_rms = rsqrtf(block_sum<kRowThreads / 32>(sum_sq) / hidden + eps);
 #pragma unroll
   for (int i = 0; i < kMaxChunksPerThread; i++) {
     int c = threadIdx.x + i * kRowThreads;

@@ -57,18 +57,6 @@ constexpr int kSmemMax = 231424;     // 226 KB: a block alone on its SM (with 1 
 // them): the older GPUs' passes compile the kernel empty, and linear_prefetch_available keeps callers away.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 
-// Sum over the block's threads; every thread gets the total.
-__device__ float block_sum(float v) {
-  __shared__ float partial[kMaxWarps];
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
-  __syncthreads();  // every warp's partial is written before any thread reads them
-  float total = 0;
-  for (int w = 0; w < int(blockDim.x / 32); w++) total += partial[w];
-  __syncthreads();  // partial[] may be reused by the next call
-  return total;
-}
-
 __device__ inline float round_to_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // x_s (n, in) = the projection's input rows, computed from x as INPUT says (see the top), each value
@@ -88,7 +76,7 @@ __device__ void load_input(bf16* x_s, const bf16* x, const bf16* norm_weight, fl
 #pragma unroll
         for (int k = 0; k < 8; k++) sum_sq += v[k] * v[k];
       }
-      inv_rms = rsqrtf(block_sum(sum_sq) / in + eps);
+      inv_rms = rsqrtf(block_sum<kMaxWarps>(sum_sq) / in + eps);
     }
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
       float v[8];
@@ -271,20 +259,30 @@ bool linear_prefetch_available() {
   return available;
 }
 
-bool linear_prefetch_fits(const bf16* x, const bf16* W, int n, int in_features, int out_features) {
+namespace {
+
+// What linear_prefetch_fits checks besides the plan.
+bool prefetch_inputs_fit(const bf16* x, const bf16* W, int n, int in_features) {
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return n >= 1 && n <= kPrefetchMaxRows && in_features % 8 == 0 && aligned16(x) && aligned16(W) &&
-         linear_prefetch_plan(n, in_features, out_features, 1).blocks > 0 && linear_prefetch_available();
+         linear_prefetch_available();
+}
+
+}  // namespace
+
+bool linear_prefetch_fits(const bf16* x, const bf16* W, int n, int in_features, int out_features) {
+  // Whether a plan fits depends on in_features only (one warp, one row), not on the SM count.
+  return prefetch_inputs_fit(x, W, n, in_features) && linear_prefetch_plan(n, in_features, out_features, 1).blocks > 0;
 }
 
 void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
                           const LinearFusion& fusion, cudaStream_t stream) {
-  if (!linear_prefetch_fits(x, W, n, in_features, out_features))
+  if (out_features == 0) return;  // nothing to compute (and no plan: zero blocks)
+  const LinearPrefetchPlan plan = linear_prefetch_plan(n, in_features, out_features, sm_count());
+  if (!prefetch_inputs_fit(x, W, n, in_features) || plan.blocks == 0)
     fail("internal: linear_prefetch_cuda needs a GPU of compute capability 9.0 or later, 1 <= n <= ",
          kPrefetchMaxRows, ", in_features % 8 == 0, 16-byte aligned x and W, and a weight row and x within 226 KB "
          "of shared memory (n ", n, ", in_features ", in_features, ")");
-  if (out_features == 0) return;
-  const LinearPrefetchPlan plan = linear_prefetch_plan(n, in_features, out_features, sm_count());
   switch (fusion.input) {
     case LinearInput::Plain:
       launch_for_output<LinearInput::Plain>(y, x, W, fusion, n, in_features, out_features, plan, stream);

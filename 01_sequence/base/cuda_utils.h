@@ -108,6 +108,22 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+// Sum over the threads of a block of at most MAX_WARPS warps (every thread gets the total, added warp by
+// warp in order). Every thread of the block must call it.
+template <int MAX_WARPS>
+__device__ inline float block_sum(float v) {
+  __shared__ float partial[MAX_WARPS];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();  // every warp's partial is written before any thread reads them
+  float total = 0;
+#pragma unroll
+  for (int w = 0; w < MAX_WARPS; w++)
+    if (w < int(blockDim.x / 32)) total += partial[w];
+  __syncthreads();  // partial[] may be reused by the next call
+  return total;
+}
+
 #endif  // __CUDACC__
 
 }  // namespace nanovllm
