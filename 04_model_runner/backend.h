@@ -146,6 +146,14 @@ class Backend {
   }
   // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
   virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
+  // out (n, inter) act = silu_and_mul(linear(x, weight)): the MLP's gate_up projection, weight (2 inter, in)
+  // = [gate; up], and its activation. By default (the spec) the two operations, through gate_up (n, 2 inter)
+  // act; a backend whose projection applies the activation itself (fuses_linear_silu(n)) writes out only.
+  virtual bool fuses_linear_silu(int64_t /*rows*/) const { return false; }
+  virtual void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) {
+    linear(gate_up, x, weight);
+    silu_and_mul(out, gate_up);
+  }
   // The projections with the small operations around them, each in one kernel, where a backend can (the GPU
   // at batch 1 with linear version 7: 06_tensor_parallel/linear_prefetch.cu). The model calls the three
   // below only when fuses_around_linear(rows) says yes, and only with one rank (with more, the all-reduce

@@ -168,6 +168,12 @@ class CudaBackend final : public Backend {
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
     silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
   }
+  bool fuses_linear_silu(int64_t rows) const override { return linear_->fuses_silu(int(rows)); }
+  void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override {
+    if (linear_->run_silu(b16(out), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0])))
+      return;
+    Backend::linear_silu_and_mul(out, gate_up, x, weight);
+  }
   bool fuses_around_linear(int64_t rows) const override { return linear_->fuses(int(rows)); }
   void rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
                       const Tensor& weight) override {

@@ -143,7 +143,7 @@ __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int i
   load_bf16x8(gate_up + row * 2 * inter + 8 * c, g);
   load_bf16x8(gate_up + row * 2 * inter + inter + 8 * c, u);
 #pragma unroll
-  for (int k = 0; k < 8; k++) g[k] = g[k] / (1.0f + __expf(-g[k])) * u[k];
+  for (int k = 0; k < 8; k++) g[k] = silu_times(g[k], u[k]);
   store_bf16x8(out + row * inter + 8 * c, g);
 }
 

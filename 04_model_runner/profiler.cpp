@@ -134,6 +134,14 @@ void ProfiledBackend::qk_norm_rope_store_attention(const Tensor& out, const Tens
 void ProfiledBackend::silu_and_mul(const Tensor& out, const Tensor& gate_up) {
   timed("silu_and_mul", [&] { inner_->silu_and_mul(out, gate_up); });
 }
+void ProfiledBackend::linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x,
+                                          const Tensor& weight) {
+  if (!inner_->fuses_linear_silu(x.rows())) {  // two operations, each timed on its own
+    Backend::linear_silu_and_mul(out, gate_up, x, weight);
+    return;
+  }
+  timed(linear_label("linear+silu ", x, weight), [&] { inner_->linear_silu_and_mul(out, gate_up, x, weight); });
+}
 void ProfiledBackend::rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
                                      const Tensor& weight) {
   timed(linear_label("rmsnorm+linear ", x, weight), [&] { inner_->rmsnorm_linear(out, x, norm_weight, eps, weight); });

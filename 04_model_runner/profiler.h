@@ -6,7 +6,8 @@
 // the CPU (where an operation has finished when it returns). Times are summed per label:
 //   "linear 256x1024->4096" (rows x in -> out), "attention decode", "add_rmsnorm", ...; a fused
 //   qk_norm_rope_store_attention is one label, "qk_norm_rope_store + attention decode", and so is each fused
-//   projection, "rmsnorm+linear 1x1024->4096", "linear+add 1x2048->1024", "silu+linear+add 1x3072->1024".
+//   projection, "rmsnorm+linear 1x1024->4096", "linear+add 1x2048->1024", "silu+linear+add 1x3072->1024",
+//   "linear+silu 16x1024->6144".
 // Under a CUDA graph replay no operation runs one by one: profile eager steps only.
 #pragma once
 
@@ -77,6 +78,8 @@ class ProfiledBackend final : public Backend {
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& meta, const AttentionShape& shape) override;
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;
+  bool fuses_linear_silu(int64_t rows) const override { return inner_->fuses_linear_silu(rows); }
+  void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override;
   bool fuses_around_linear(int64_t rows) const override { return inner_->fuses_around_linear(rows); }
   void rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
                       const Tensor& weight) override;

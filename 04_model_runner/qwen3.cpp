@@ -222,8 +222,7 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
     if (tp) b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)
     // MLP block.
     b.add_rmsnorm(normed, residual, hidden, w.post_attention_layernorm, eps);
-    b.linear(gate_up, normed, w.gate_up_proj);
-    b.silu_and_mul(mlp_act, gate_up);
+    b.linear_silu_and_mul(mlp_act, gate_up, normed, w.gate_up_proj);  // one kernel where the backend fuses them
     b.linear(hidden, mlp_act, w.down_proj);
     if (tp) b.all_reduce(hidden);  // row parallel: each rank's down_proj saw only its MLP columns
   }

@@ -218,6 +218,11 @@ constexpr int kWgmmaMaxOut = 16384;
 constexpr int kWgmmaFasterRows = 48;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
+// v6 with the MLP's activation in its ending: y (n, out_features / 2) bf16 = silu(gate) * up of the
+// projection by W = [gate; up] (out_features rows, an even number), each half rounded to bf16 first: the
+// same bits as linear_wgmma_cuda followed by silu_and_mul_cuda (04_model_runner/layers.h), in one kernel.
+void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                            cudaStream_t stream);
 
 // v7: for 1 <= n <= kPrefetchMaxRows (linear_prefetch.cu). Every warp's weight rows are copied whole into
 // shared memory by the copy engine before the kernel waits for the previous one, so they stream while the
@@ -308,6 +313,13 @@ class CudaLinear {
   // Whether n rows of the model's projections run fused, in v7 (version 7, n <= kPrefetchFasterRows, a GPU
   // that has it): the backend's rmsnorm_linear, linear_add and silu_linear_add then call linear_prefetch_cuda.
   bool fuses(int n) const { return version_ >= 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
+  // Whether n rows of the MLP's gate_up projection take its activation into their kernel (v6's rows, where v6
+  // runs); run_silu is then that kernel, y (n, out_features / 2) = silu(gate) * up. run_silu returns false,
+  // queuing nothing, where it does not fuse (the caller then runs the projection and silu_and_mul).
+  bool fuses_silu(int n) const {
+    return version_ >= 6 && n > kGemvMmaFasterRows && n <= kWgmmaFasterRows && linear_wgmma_available();
+  }
+  bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 
  private:
   cublasHandle_t cublas_;

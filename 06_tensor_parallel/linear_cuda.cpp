@@ -56,5 +56,12 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
 }
 
+bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
+  if (!fuses_silu(n) || out_features % 2 != 0 || out_features > kWgmmaMaxOut || !linear_split_k_fits(x, W, n, in_features))
+    return false;
+  linear_wgmma_silu_cuda(y, x, W, n, in_features, out_features, stream_);
+  return true;
+}
+
 }  // namespace nanovllm
 #endif

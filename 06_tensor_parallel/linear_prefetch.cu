@@ -90,7 +90,7 @@ __device__ void load_input(bf16* x_s, const bf16* x, const bf16* norm_weight, fl
         float u[8];
         load_bf16x8(row + in + 8 * c, u);
 #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = v[k] / (1.0f + __expf(-v[k])) * u[k];
+        for (int k = 0; k < 8; k++) v[k] = silu_times(v[k], u[k]);
       }
       store_bf16x8(x_s + int64_t(m) * in + 8 * c, v);
     }

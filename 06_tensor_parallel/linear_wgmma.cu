@@ -153,7 +153,14 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 // Grid (splits, out tiles of BN, row tiles of 64 WG), clusters of (splits, 1, 1). Block (split, o, r):
 // rows [r 64 WG, ...) x outputs [o BN, ...) of y over in_features [split * k_tiles_per_split * 64, ...).
 // The stages are refilled after their wgmma, not before: every stage is in flight from the start.
-template <int BN, int WG, class OutT>
+//
+// SILU: the MLP's gate_up projection followed by its activation, y (n, out / 2) = silu(gate) * up, where
+// W = [gate; up] (out / 2 rows each). Block o then takes gate rows [o BN / 2, ...) and the up rows at the
+// same place in the second half, one box of BN / 2 rows each, side by side in the stage: its tile's columns
+// j and j + BN / 2 are one output feature's gate and up, held by the same thread (acc[i] and acc[i + BN / 4]).
+// Each is rounded to bf16, as the projection would store it, before silu_times: the same bits as the
+// projection followed by silu_and_mul_kernel.
+template <int BN, int WG, class OutT, bool SILU>
 __global__ void __launch_bounds__(128 * WG, 1)
     linear_wgmma_kernel(OutT* y, const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                         int n, int in, int out, int k_tiles_per_split) {
@@ -163,6 +170,7 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const uint32_t raw = smem_address(smem_raw), base = (raw + 1023u) & ~1023u;
   const int split = int(blockIdx.x), splits = int(gridDim.x), out0 = int(blockIdx.y) * BN,
             row0 = int(blockIdx.z) * B::kRows;
+  const int half = out / 2, gate0 = int(blockIdx.y) * (BN / 2);  // SILU: W's up rows start at `half`
   constexpr int kStages = B::kStages;
   const int t_begin = split * k_tiles_per_split;
   const int k_tiles = min((in + kStageIn - 1) / kStageIn, t_begin + k_tiles_per_split) - t_begin;  // >= 1
@@ -173,7 +181,13 @@ __global__ void __launch_bounds__(128 * WG, 1)
   // Thread 0 issues the copies: both boxes of stage t, W's before x's.
   auto load_w = [&](int t) {
     mbarrier_arrive_expecting(barrier(t), B::kStageBytes);
-    tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, out0, barrier(t));
+    if (SILU) {  // boxes of BN / 2 rows: the gate rows, then the up rows (8-row swizzle groups: no seam)
+      tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, gate0, barrier(t));
+      tma_load(w_stage(t % kStages) + uint32_t(BN / 2 * 128), &w_map, (t_begin + t) * kStageIn, half + gate0,
+               barrier(t));
+    } else {
+      tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, out0, barrier(t));
+    }
   };
   auto load_x = [&](int t) { tma_load(x_stage(t % kStages), &x_map, (t_begin + t) * kStageIn, row0, barrier(t)); };
   if (threadIdx.x == 0) {
@@ -219,6 +233,18 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int lane = int(threadIdx.x) % 32, warp_row = warpgroup * 64 + (int(threadIdx.x) % 128) / 32 * 16;
   auto row_of = [&](int i) { return warp_row + lane / 4 + 8 * ((i / 2) % 2); };  // within the block's tile
   auto col_of = [&](int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; };
+  // SILU's ending for one output feature: gate and up as the projection would store them, then the activation.
+  const auto silu_of = [](float gate, float up) {
+    return silu_times(__bfloat162float(__float2bfloat16(gate)), __bfloat162float(__float2bfloat16(up)));
+  };
+  if (splits == 1 && SILU) {
+#pragma unroll
+    for (int i = 0; i < BN / 4; i++) {  // columns [0, BN / 2): gate; acc[i + BN / 4] is the same feature's up
+      const int row = row0 + row_of(i), col = gate0 + col_of(i);
+      if (row < n && col < half) store_float(y + int64_t(row) * half + col, silu_of(acc[i], acc[i + BN / 4]));
+    }
+    return;
+  }
   if (splits == 1) {
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) {
@@ -238,10 +264,10 @@ __global__ void __launch_bounds__(128 * WG, 1)
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();  // every block's tile is written and visible to the cluster
   // ...and block `split` adds up rows split, split + splits, ... of every block's tile, 4 columns at a
-  // time, in split order.
+  // time (SILU: 4 gate columns and the 4 up columns BN / 2 further), in split order.
   const int rows = min(B::kRows, n - row0), my_rows = (rows - split + splits - 1) / splits;
-  for (int q = int(threadIdx.x); q < my_rows * (BN / 4); q += B::kThreads) {
-    const int r = split + q / (BN / 4) * splits, c = q % (BN / 4) * 4;
+  constexpr int kGroups = (SILU ? BN / 2 : BN) / 4;  // groups of 4 columns written per row
+  const auto sum_over_splits = [&](int r, int c) {
     // Every block's 4 values first (their loads in flight together), then the sum in split order.
     float4 v[kMaxSplits];
 #pragma unroll
@@ -251,11 +277,25 @@ __global__ void __launch_bounds__(128 * WG, 1)
 #pragma unroll
     for (int s = 0; s < kMaxSplits; s++)
       if (s < splits) sum.x += v[s].x, sum.y += v[s].y, sum.z += v[s].z, sum.w += v[s].w;
-    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
-    OutT* dst = y + int64_t(row0 + r) * out + out0 + c;
+    return sum;
+  };
+  for (int q = int(threadIdx.x); q < my_rows * kGroups; q += B::kThreads) {
+    const int r = split + q / kGroups * splits, c = q % kGroups * 4;
+    const float4 sum = sum_over_splits(r, c);
+    if (SILU) {
+      const float4 up = sum_over_splits(r, c + BN / 2);
+      const float values[4] = {silu_of(sum.x, up.x), silu_of(sum.y, up.y), silu_of(sum.z, up.z), silu_of(sum.w, up.w)};
+      OutT* dst = y + int64_t(row0 + r) * half + gate0 + c;
 #pragma unroll
-    for (int j = 0; j < 4; j++)
-      if (out0 + c + j < out) store_float(dst + j, values[j]);
+      for (int j = 0; j < 4; j++)
+        if (gate0 + c + j < half) store_float(dst + j, values[j]);
+    } else {
+      const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+      OutT* dst = y + int64_t(row0 + r) * out + out0 + c;
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        if (out0 + c + j < out) store_float(dst + j, values[j]);
+    }
   }
   // No block exits (freeing its shared memory) while another still reads it. The reads have returned
   // (their values are summed above), so the arrival needs no release fence: cluster.sync() would add one
@@ -281,10 +321,10 @@ void with_block_shape(const LinearWgmmaPlan& plan, F&& f) {
 }
 
 // Above 48 KB of shared memory a kernel must ask for it, once, before its first launch.
-template <int BN, int WG, class OutT>
+template <int BN, int WG, class OutT, bool SILU>
 void allow_shared_memory() {
   static const bool allowed = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<BN, WG, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<BN, WG, OutT, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     Block<BN, WG>::kSmemBytes));
     return true;
   }();
@@ -304,14 +344,14 @@ int clusters_per_wave(const LinearWgmmaPlan& plan) {
   int clusters = 0;
   with_block_shape(plan, [&](auto bn, auto wg) {
     constexpr int BN = decltype(bn)::value, WG = decltype(wg)::value;
-    allow_shared_memory<BN, WG, bf16>();
+    allow_shared_memory<BN, WG, bf16, false>();
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = unsigned(plan.splits), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(plan.splits)), config.blockDim = Block<BN, WG>::kThreads;
     config.dynamicSmemBytes = Block<BN, WG>::kSmemBytes, config.attrs = &cluster, config.numAttrs = 1;
-    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, linear_wgmma_kernel<BN, WG, bf16>, &config));
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, linear_wgmma_kernel<BN, WG, bf16, false>, &config));
   });
   return known[key] = clusters;
 }
@@ -348,16 +388,19 @@ CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
   return known[key] = map;
 }
 
-template <class OutT>
+// out: W's rows (SILU: 2 x y's columns, the gate rows then the up rows).
+template <class OutT, bool SILU>
 void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
   const LinearWgmmaPlan plan = linear_wgmma_plan(n, in, out, clusters_per_wave);
   with_block_shape(plan, [&](auto bn, auto wg) {
     constexpr int BN = decltype(bn)::value, WG = decltype(wg)::value;
-    allow_shared_memory<BN, WG, OutT>();
+    allow_shared_memory<BN, WG, OutT, SILU>();
+    // SILU: ceil(out / 2 / (BN / 2)) tiles of BN / 2 features, the same count.
     const dim3 grid{unsigned(plan.splits), unsigned((out + BN - 1) / BN),
                     unsigned((n + Block<BN, WG>::kRows - 1) / Block<BN, WG>::kRows)};
-    const CUtensorMap x_map = tensor_map(x, n, in, Block<BN, WG>::kRows), w_map = tensor_map(W, out, in, BN);
-    launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT>, grid, unsigned(plan.splits),
+    const CUtensorMap x_map = tensor_map(x, n, in, Block<BN, WG>::kRows),
+                      w_map = tensor_map(W, out, in, SILU ? BN / 2 : BN);
+    launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT, SILU>, grid, unsigned(plan.splits),
                                   Block<BN, WG>::kThreads, Block<BN, WG>::kSmemBytes, stream, y, x_map, w_map, n, in,
                                   out, plan.k_tiles_per_split);
   });
@@ -419,9 +462,19 @@ void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, in
     fail("linear_wgmma_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % 8 "
          "== 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
   if (y_is_fp32)
-    launch_wgmma(static_cast<float*>(y), x, W, n, in_features, out_features, stream);
+    launch_wgmma<float, false>(static_cast<float*>(y), x, W, n, in_features, out_features, stream);
   else
-    launch_wgmma(static_cast<bf16*>(y), x, W, n, in_features, out_features, stream);
+    launch_wgmma<bf16, false>(static_cast<bf16*>(y), x, W, n, in_features, out_features, stream);
+  CUDA_CHECK_LAUNCH();
+}
+
+void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                            cudaStream_t stream) {
+  if (!linear_split_k_fits(x, W, n, in_features) || !linear_wgmma_available() || out_features % 2 != 0)
+    fail("linear_wgmma_silu_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % "
+         "8 == 0, 16-byte aligned x and W and an even out_features (n ", n, ", in ", in_features, ", out ",
+         out_features, ")");
+  launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features, stream);
   CUDA_CHECK_LAUNCH();
 }
 

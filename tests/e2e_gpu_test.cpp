@@ -173,6 +173,35 @@ TEST(E2E_Gpu, FusedProjectionsAtBatchOneMatchTransformers) {
   }
 }
 
+TEST(E2E_Gpu, WgmmaProjectionsWithTheirSiluMatchTransformers) {
+  // The default linear version at 9-48 rows: v6, and the MLP's gate_up projection with its activation in one
+  // kernel (Backend::fuses_linear_silu, 06_tensor_parallel/linear_wgmma.cu). The golden prompts twice over,
+  // so that every decode step has 16 rows; both copies must give the golden greedy tokens.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    std::vector<std::vector<int32_t>> prompts = g.prompts;
+    prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
+    for (bool eager : {false, true}) {
+      EngineConfig c = gpu_config(model);
+      c.enforce_eager = eager;
+      LLMEngine engine(c);
+      bool fuses = false;
+      engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
+        fuses = b->fuses_linear_silu(int64_t(prompts.size()));
+        return b;
+      });
+      if (!fuses) GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+      const std::string what = model + (eager ? " eager" : " graphs") + ", 16 sequences";
+      std::vector<GenerateOutput> outputs = engine.generate(prompts, {greedy(24)});
+      ASSERT_EQ(outputs.size(), prompts.size());
+      const size_t half = g.prompts.size();
+      expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin(), outputs.begin() + long(half)), what + ", first copy");
+      expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + long(half), outputs.end()), what + ", second copy");
+    }
+  }
+}
+
 TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   Golden g = load("tiny-qwen3-a");

@@ -9,6 +9,8 @@
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
 #              beside the default (6: v6 from 9 to 48 rows) and, up to batch 4, v7's fused projections (7)
+#   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
+#              barrier), 04_model_runner/NOTES.md section 9
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
@@ -76,6 +78,9 @@ for phase in $phases; do
         done
         echo "$line"
       done ;;
+    chain)
+      nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o $B/chain_bench > "$out/chain-build.log" 2>&1 &&
+        $B/chain_bench | tee "$out/chain.log" || status=1 ;;
     tp)
       $B/test_ch04 --gtest_filter='*TensorParallel*' --gtest_brief=1 2>&1 | tail -3
       $B/test_ch06 --gtest_filter='*AllReduce*' --gtest_brief=1 2>&1 | tail -3
