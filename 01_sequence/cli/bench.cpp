@@ -228,11 +228,15 @@ int cmd_bench(const Flags& flags) {
   std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
               (long long)engine.scheduler().block_manager().total_hit_blocks());
   if (profiler) {
-    // Kernel time per operation over the whole run (eager; linear layers grouped by weight shape).
+    // Kernel time per operation over the whole run (eager; linear layers, fused or not, grouped by weight
+    // shape: "linear+silu 16x1024->6144" counts as "linear+silu 1024->6144").
     std::map<std::string, OpTime> totals;
     for (const OpTime& op : profiler->report()) {
       std::string label = op.label;
-      if (label.rfind("linear ", 0) == 0) label = "linear " + label.substr(label.find('x') + 1);
+      const size_t shape_at = label.rfind(' ');
+      if (label.find("linear") != std::string::npos && shape_at != std::string::npos &&
+          label.find('x', shape_at) != std::string::npos)
+        label = label.substr(0, shape_at + 1) + label.substr(label.find('x', shape_at) + 1);
       totals[label].calls += op.calls, totals[label].milliseconds += op.milliseconds;
     }
     double sum = 0;
