@@ -126,7 +126,8 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
-//   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows where it runs
+//   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows (kWgmmaNarrowRows
+//                        for a projection with at most kWgmmaNarrowOut outputs) where it runs
 //                        (linear_wgmma_available; cuBLAS elsewhere): the default, the fastest measured
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
@@ -200,11 +201,14 @@ struct LinearWgmmaPlan {
   int splits = 1;             // blocks (one cluster) per output tile, 1-8
   int k_tiles_per_split = 1;  // stages of 64 in_features per split
 };
-// The plan for a shape: 1 to 4 warpgroups by n, 128 outputs a block when that still gives 16 tiles (64
-// otherwise), and the fewest splits (at most 8, each at least two stages of 64 in_features deep) that
-// give 132 blocks, as long as the clusters still fit in one wave: clusters_per_wave(plan) says how many
-// clusters of plan.splits blocks of that block shape the GPU holds at once (linear_wgmma_cuda asks the
-// CUDA occupancy calculator).
+// The plan for a shape. Up to kWgmmaFasterRows rows: one warpgroup, 128 outputs a block when that still
+// gives 16 tiles (64 otherwise), and the fewest splits (at most 8, each at least two stages of 64
+// in_features deep) that give 132 blocks. Above: 2 warpgroups up to 128 rows and row tiles of one
+// warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB block alone on its
+// SM), 64 outputs a block up to 128 rows and 128 beyond, and the fewest splits (at most 6) that give 96
+// blocks: what the sweep of kWgmmaNarrowRows found fastest for o_proj and down_proj. Either way the
+// clusters must fit in one wave: clusters_per_wave(plan) says how many clusters of plan.splits blocks of
+// that block shape the GPU holds at once (linear_wgmma_cuda asks the CUDA occupancy calculator).
 LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
                                   const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave);
 bool linear_wgmma_available();
@@ -214,10 +218,25 @@ constexpr int kWgmmaMaxOut = 16384;
 // Measured on the H200 (bench-step, graph step, v6 for 9-512 rows against version 5, 2026-12-01): v6 is
 // faster at batch 9 (1.308 against 1.401 ms), 12 (1.370 / 1.499), 16 (1.486 / 1.545) and 48 (2.514 /
 // 2.584), as fast at 24 and 32, slower from 64 on (64: 2.942 / 2.931; 128: 4.855 / 4.704; 256: 8.520 /
-// 8.232). CudaLinear uses it up to this many rows.
+// 8.232). CudaLinear uses it for every projection up to this many rows...
 constexpr int kWgmmaFasterRows = 48;
+// ...and above, up to kWgmmaNarrowRows, for the projections with at most kWgmmaNarrowOut outputs (o_proj
+// and down_proj: 1,024), whose few output tiles cuBLAS splits over in_features with a second kernel to add
+// the partials. A sweep of v6's plans against cuBLAS, 28 calls in a CUDA graph on distinct weights
+// (04_model_runner/NOTES.md, section 2, "v6 for the narrow projections"), found plans (linear_wgmma_plan
+// above 48 rows) that take o_proj in 4.2-5.4 µs a call from 64 to 192 rows against cuBLAS's 5.8-6.2, and
+// down_proj in 4.9-6.6 against 7.1-7.6. In the decode step that held at 64 rows only (2.868-2.883 ms
+// against 2.908-2.919), not from 96 on (0.0-0.05 ms slower at 96-192).
+constexpr int kWgmmaNarrowOut = 2048, kWgmmaNarrowRows = 64;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
+// The same with a plan of one's own (the plan sweep, tests/linear_sweep.cpp): 1, 2 or 4 warpgroups, 64 or
+// 128 outputs a block, 1-8 splits that cover the in_features with none empty, and clusters the GPU can
+// hold (linear_wgmma_clusters_per_wave >= 1); fails otherwise.
+void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                       int out_features, const LinearWgmmaPlan& plan, cudaStream_t stream);
+// How many clusters of the plan's blocks the GPU holds at once (the CUDA occupancy calculator; 0: none).
+int linear_wgmma_clusters_per_wave(const LinearWgmmaPlan& plan);
 // v6 with the MLP's activation in its ending: y (n, out_features / 2) bf16 = silu(gate) * up of the
 // projection by W = [gate; up] (out_features rows, an even number), each half rounded to bf16 first: the
 // same bits as linear_wgmma_cuda followed by silu_and_mul_cuda (04_model_runner/layers.h), in one kernel.
@@ -322,6 +341,11 @@ class CudaLinear {
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 
  private:
+  // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to kWgmmaFasterRows (or
+  // kWgmmaNarrowRows for a narrow projection), a layer projection (not the LM head), and a GPU and
+  // operands v6 can take.
+  bool runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features) const;
+
   cublasHandle_t cublas_;
   cudaStream_t stream_;
   void* workspace_;

@@ -33,8 +33,7 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (n == 0) return;
-  if (version_ >= 6 && n > kGemvMmaFasterRows && n <= kWgmmaFasterRows && out_features <= kWgmmaMaxOut &&
-      linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available()) {
+  if (runs_wgmma(x, W, n, in_features, out_features)) {
     linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;
   }
@@ -56,9 +55,14 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
 }
 
+bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features) const {
+  const int max_rows = out_features <= kWgmmaNarrowOut ? kWgmmaNarrowRows : kWgmmaFasterRows;
+  return version_ >= 6 && n > kGemvMmaFasterRows && n <= max_rows && out_features <= kWgmmaMaxOut &&
+         linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available();
+}
+
 bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
-  if (!fuses_silu(n) || out_features % 2 != 0 || out_features > kWgmmaMaxOut || !linear_split_k_fits(x, W, n, in_features))
-    return false;
+  if (!fuses_silu(n) || out_features % 2 != 0 || !runs_wgmma(x, W, n, in_features, out_features)) return false;
   linear_wgmma_silu_cuda(y, x, W, n, in_features, out_features, stream_);
   return true;
 }

@@ -166,9 +166,13 @@ TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only
   expect_plan(16, 1024, 4096, 1, 128, 4, 4);  // qkv: 32 tiles of 128; ceil(132 / 32) = 5 splits of 16 stages
                                               // is 4 deep, so 4 splits do
   expect_plan(16, 2048, 1024, 1, 64, 8, 4);   // o_proj: 8 tiles of 128 are too few, 16 of 64; 8 splits at most
-  expect_plan(256, 3072, 1024, 4, 64, 8, 6);  // down_proj: 4 warpgroups; 48 stages over 8 splits
-  expect_plan(100, 1024, 6144, 2, 128, 2, 8); // gate_up: 48 tiles; 3 splits would take 2 waves (44 clusters)
-  expect_plan(300, 1024, 4096, 4, 128, 2, 8); // two row tiles: 64 tiles, 2 splits
+  // Above 48 rows: 2 warpgroups up to 128 rows, then row tiles of one; 96 blocks, at most 6 splits.
+  expect_plan(64, 2048, 1024, 1, 64, 6, 6);   // o_proj: 16 tiles, 6 splits of 32 stages (the last one short)
+  expect_plan(128, 3072, 1024, 2, 64, 6, 8);  // down_proj: 2 warpgroups, 48 stages over 6 splits
+  expect_plan(192, 3072, 1024, 1, 128, 4, 12); // 3 row tiles x 8 of 128 outputs: 24 tiles, 4 splits
+  expect_plan(256, 3072, 1024, 1, 128, 3, 16); // 4 row tiles: 32 tiles, 3 splits
+  expect_plan(100, 1024, 6144, 2, 64, 1, 16); // gate_up: 96 tiles of 64 outputs already, no split
+  expect_plan(300, 1024, 4096, 1, 128, 1, 16); // 5 row tiles x 32: no split
   expect_plan(64, 96, 290, 1, 64, 1, 2);      // two stages: too shallow to split
   expect_plan(16, 1024, 151936, 1, 128, 1, 16);  // the LM head: 1,187 tiles, no split
 }
@@ -191,6 +195,38 @@ TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6
       expect_matches_cpu(v6, s, rng, "v6");
   for (int n : {9, 40})
     expect_matches_cpu(v6, Shape{n, 1024, 20011}, rng, "v6");
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+}
+
+TEST(Ch06_LinearCuda, WgmmaAnyValidPlanMatchesCpu) {  // v6 with plans of one's own (the plan sweep's)
+  SKIP_WITHOUT_GPU();
+  if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
+  std::mt19937 rng(17);
+  CudaContext ctx;
+  auto plan = [](int warpgroups, int block_out, int splits, int k_tiles_per_split) {
+    LinearWgmmaPlan p;
+    p.warpgroups = warpgroups, p.block_out = block_out, p.splits = splits, p.k_tiles_per_split = k_tiles_per_split;
+    return p;
+  };
+  // o_proj and down_proj's shapes at 65 and 129 rows (ragged row tiles) under plans the default never
+  // picks there: 1 to 4 warpgroups, both block widths, 1 to 8 splits, the last split short.
+  for (int n : {65, 129})
+    for (Shape s : {Shape{n, 2048, 1024}, Shape{n, 3072, 1024}})
+      for (LinearWgmmaPlan p : {plan(1, 64, 6, 6), plan(2, 128, 2, 24), plan(4, 64, 8, 6), plan(1, 128, 4, 12),
+                                plan(2, 64, 1, 48)}) {
+        p.k_tiles_per_split = std::min(p.k_tiles_per_split, s.in / 64);
+        p.splits = (s.in / 64 + p.k_tiles_per_split - 1) / p.k_tiles_per_split;
+        const Project v6 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape t) {
+          linear_wgmma_cuda(y, fp32, x, W, t.n, t.in, t.out, p, ctx.stream);
+        };
+        expect_matches_cpu(v6, s, rng, "v6 with " + std::to_string(p.warpgroups) + " warpgroups, " +
+                                           std::to_string(p.block_out) + " outputs, " + std::to_string(p.splits) + " splits");
+      }
+  // Plans that leave stages out, leave a split empty or exceed a cluster are refused.
+  DeviceArray<bf16> x{size_t(65) * 2048}, W{size_t(1024) * 2048}, y{size_t(65) * 1024};
+  for (LinearWgmmaPlan p : {plan(1, 64, 4, 6), plan(1, 64, 6, 8), plan(1, 64, 9, 4), plan(3, 64, 4, 8)})
+    EXPECT_THROW(linear_wgmma_cuda(y.ptr, false, x.ptr, W.ptr, 65, 2048, 1024, p, ctx.stream), Error)
+        << p.warpgroups << " warpgroups, " << p.splits << " splits of " << p.k_tiles_per_split;
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 

@@ -2,8 +2,9 @@
 // tensor cores (wgmma, sm_90a) fed by its copy engine (TMA): written for the decode batches of 9 to 512
 // rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 a decode
 // step is 4-9% faster with it from 9 to 16 rows, as fast at 24-32, 3% faster at 48 and slower from 64 on
-// (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows): the
-// book's Hopper GEMM, and the starting point of a faster one.
+// (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows), and
+// up to 64 for the projections with few outputs (kWgmmaNarrowRows): the book's Hopper GEMM, and the
+// starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
@@ -390,8 +391,8 @@ CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
 
 // out: W's rows (SILU: 2 x y's columns, the gate rows then the up rows).
 template <class OutT, bool SILU>
-void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
-  const LinearWgmmaPlan plan = linear_wgmma_plan(n, in, out, clusters_per_wave);
+void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, const LinearWgmmaPlan& plan,
+                  cudaStream_t stream) {
   with_block_shape(plan, [&](auto bn, auto wg) {
     constexpr int BN = decltype(bn)::value, WG = decltype(wg)::value;
     allow_shared_memory<BN, WG, OutT, SILU>();
@@ -420,19 +421,29 @@ __device__ const int kWgmmaCompiled =
 LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
                                   const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave) {
   LinearWgmmaPlan plan;
-  plan.warpgroups = n <= 64 ? 1 : n <= 128 ? 2 : 4;  // 1, 2 or 4: the copies split evenly over the threads
+  const bool many_rows = n > kWgmmaFasterRows;
+  int target_blocks = kTargetBlocks, max_splits = kMaxSplits;
+  if (!many_rows) {
+    plan.warpgroups = 1;
+    // 128 outputs a block halve x's rereads (once per output tile) against 64, but give half the tiles:
+    // taken when there are at least 16 of them (qkv and gate_up; o_proj and down_proj have 8).
+    plan.block_out = (out_features + 127) / 128 >= 16 ? 128 : 64;
+  } else {
+    // What the sweep found fastest for the narrow projections (linear.h, kWgmmaNarrowRows): the plan's
+    // first version gave 4 warpgroups and splits of 8 here, and lost to cuBLAS by 10-25%.
+    plan.warpgroups = n <= 128 ? (n + 63) / 64 : 1;
+    plan.block_out = n <= 128 ? 64 : 128;
+    target_blocks = 96, max_splits = 6;
+  }
   const int row_tiles = (n + 64 * plan.warpgroups - 1) / (64 * plan.warpgroups);
-  // 128 outputs a block halve x's rereads (once per output tile) against 64, but give half the tiles:
-  // taken when there are at least 16 of them (qkv and gate_up; o_proj and down_proj have 8).
-  plan.block_out = (out_features + 127) / 128 * row_tiles >= 16 ? 128 : 64;
   const int tiles = (out_features + plan.block_out - 1) / plan.block_out * row_tiles;
   const int k_tiles = (in_features + kStageIn - 1) / kStageIn;
-  // The fewest splits that give a block per SM, at most a cluster's worth, each at least two stages
-  // deep, and never so many that the clusters no longer fit in one wave: a block is short, and a second
-  // wave costs about as long as the first.
-  const int max_splits = std::max(1, std::min(kMaxSplits, k_tiles / 2));
+  // The fewest splits that give the target blocks, each at least two stages deep, and never so many that
+  // the clusters no longer fit in one wave: a block is short, and a second wave costs about as long as the
+  // first.
+  max_splits = std::max(1, std::min(max_splits, k_tiles / 2));
   int splits = 1;
-  for (int s = 2; s <= max_splits && tiles * splits < kTargetBlocks; s++) {
+  for (int s = 2; s <= max_splits && tiles * splits < target_blocks; s++) {
     plan.splits = s;
     if (tiles > clusters_per_wave(plan)) break;
     splits = s;
@@ -458,15 +469,30 @@ bool linear_wgmma_available() {
 
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream) {
+  linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features,
+                    linear_wgmma_plan(n, in_features, out_features, clusters_per_wave), stream);
+}
+
+void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
+                       int out_features, const LinearWgmmaPlan& plan, cudaStream_t stream) {
   if (!linear_split_k_fits(x, W, n, in_features) || !linear_wgmma_available())
     fail("linear_wgmma_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % 8 "
          "== 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
+  const int k_tiles = (in_features + kStageIn - 1) / kStageIn;
+  if (plan.splits < 1 || plan.splits > kMaxSplits || plan.k_tiles_per_split < 1 ||
+      plan.splits * plan.k_tiles_per_split < k_tiles || (plan.splits - 1) * plan.k_tiles_per_split >= k_tiles ||
+      linear_wgmma_clusters_per_wave(plan) < 1)
+    fail("linear_wgmma_cuda: a plan of ", plan.splits, " splits of ", plan.k_tiles_per_split, " stages (",
+         plan.warpgroups, " warpgroups, ", plan.block_out, " outputs a block) does not cover ", k_tiles,
+         " stages of in_features with none empty, or its clusters do not fit the GPU");
   if (y_is_fp32)
-    launch_wgmma<float, false>(static_cast<float*>(y), x, W, n, in_features, out_features, stream);
+    launch_wgmma<float, false>(static_cast<float*>(y), x, W, n, in_features, out_features, plan, stream);
   else
-    launch_wgmma<bf16, false>(static_cast<bf16*>(y), x, W, n, in_features, out_features, stream);
+    launch_wgmma<bf16, false>(static_cast<bf16*>(y), x, W, n, in_features, out_features, plan, stream);
   CUDA_CHECK_LAUNCH();
 }
+
+int linear_wgmma_clusters_per_wave(const LinearWgmmaPlan& plan) { return clusters_per_wave(plan); }
 
 void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
                             cudaStream_t stream) {
@@ -474,7 +500,8 @@ void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in
     fail("linear_wgmma_silu_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % "
          "8 == 0, 16-byte aligned x and W and an even out_features (n ", n, ", in ", in_features, ", out ",
          out_features, ")");
-  launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features, stream);
+  launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features,
+                           linear_wgmma_plan(n, in_features, out_features, clusters_per_wave), stream);
   CUDA_CHECK_LAUNCH();
 }
 

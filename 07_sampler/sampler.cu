@@ -29,11 +29,50 @@ __device__ void warp_best(float& best, int& best_index) {
   }
 }
 
+// Gumbel noise never exceeds this: G(u) = -log(-log u) is largest at the largest u sampler_uniform gives,
+// 1 - 2^-24, where it is 16.64.
+constexpr float kMaxNoise = 16.7f;
+
+// Whether entry i of a sampled row can be skipped without its exact score: true only when its score
+// l / T + G(u) is certainly below `bar`, a little under the best score its warp has so far.
+//
+// The exact score costs a precise division and two precise logarithms, about 100 of the ~136 instructions
+// an entry took (04_model_runner/NOTES.md, section 5). The bound costs a multiplication and two fast
+// exponentials: G is increasing in u, so G(u) < g exactly when u < exp(-exp(-g)), and with g = bar - l / T
+// that says the score is below the bar. An entry whose scaled logit is more than kMaxNoise under the bar
+// is skipped before its random number is even hashed.
+//
+// Why it never skips a winner. scaled_logit is l * (1 / T), within 2 ulps of l / T; __expf is within a
+// few parts in 10^6, so the threshold is within 2e-6 of exp(-exp(-g)) and kUniformMargin (1e-5) covers
+// it; the exact score's own rounding (two logf, one addition: a few ulps of a value under 17 and of the
+// score) is far inside the bar's margin below the best (1e-3 + 1e-4 |best|, prune_bar). An entry that is
+// not skipped gets its exact score, so the token is the one the unpruned loop picks (tested against it:
+// Ch07_SamplerCuda.PruningNeverChangesTheToken).
+constexpr float kUniformMargin = 1e-5f;
+
+__device__ inline float prune_bar(float best) { return best - (1e-3f + 1e-4f * fabsf(best)); }
+
+__device__ inline bool cannot_win(float scaled_logit, float bar, uint64_t seed, uint64_t step, uint32_t i) {
+  const float g = bar - scaled_logit;  // the noise the entry would need to reach the bar
+  if (g > kMaxNoise) return true;      // more than any u can give: no hash needed
+  const float u = sampler_uniform(seed, step, i);
+  return u < __expf(-__expf(-g)) - kUniformMargin;  // G(u) < g, with room for the fast exponentials
+}
+
 // Grid (chunks, num_rows), 1024 threads; with chunks > 1 the chunks of a row are one thread-block cluster.
 // Block (chunk, row) finds the best candidate of its chunk of the row (vocab_size / chunks entries); the
 // cluster's block 0 then reads every block's candidate from its shared memory (distributed shared memory,
 // sm_90) and writes the row's token. One block per row would leave most of the GPU idle at small batches:
 // at batch 1 a single SM would hash and log 151,936 entries.
+//
+// PRUNE: skip the exact score of the entries that cannot win (cannot_win); the same token as without.
+// The bar is the warp's: prune_bar of the best score any of its 32 lanes has so far. A per-lane bar would
+// leave most iterations with some lane whose entry beats its own short history, and a warp runs the exact
+// score if any lane needs it; against the warp's best, an iteration needs it only when one of 32 new
+// entries beats all the warp has seen, about ln(iterations) + 0.6 times per warp (the first included), and
+// only then is the bar updated (a max over the lanes, 5 shuffles). An entry skipped is below some lane's
+// best by the bar's margin: never the row's winner, nor tied with it.
+template <bool PRUNE>
 __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_size, const SamplingRow* rows) {
   wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
   allow_next_kernel();
@@ -42,21 +81,46 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   const float* l = logits + int64_t(blockIdx.y) * vocab_size;
   const int per_chunk = (vocab_size + chunks - 1) / chunks;
   const int begin = chunk * per_chunk, end = min(vocab_size, begin + per_chunk);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool greedy = samples_greedily(row.temperature);
   float best = -INFINITY;
   int best_index = INT_MAX;
   int non_finite = 0;  // a NaN or +Inf logit anywhere in the row makes the token -1 (as an all -Inf row)
-  for (int i = begin + threadIdx.x; i < end; i += kThreads) {
-    non_finite |= isnan(l[i]) || l[i] == INFINITY;
-    if (l[i] == -INFINITY) continue;  // masked: never a candidate (a row of nothing else gives -1)
-    float score = samples_greedily(row.temperature) ? l[i]
-                                                    : l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
-    if (better(score, i, best, best_index)) best = score, best_index = i;
+  if (!PRUNE || greedy) {
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) {
+      const float logit = l[i];
+      non_finite |= isnan(logit) || logit == INFINITY;
+      if (logit == -INFINITY) continue;  // masked: never a candidate (a row of nothing else gives -1)
+      const float score = greedy ? logit : logit / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
+      if (better(score, i, best, best_index)) best = score, best_index = i;
+    }
+  } else {
+    const float inverse_temperature = 1.0f / row.temperature;
+    float bar = -INFINITY;  // the warp's: prune_bar(the best score of any of its lanes)
+    // Lane `lane` takes entry i = base + lane: the same entries as the loop above, the warp in step.
+    for (int base = begin + warp * 32; base < end; base += kThreads) {
+      const int i = base + lane;
+      bool scores = false;
+      if (i < end) {
+        const float logit = l[i];
+        non_finite |= isnan(logit) || logit == INFINITY;
+        scores = logit != -INFINITY && !cannot_win(logit * inverse_temperature, bar, row.seed, row.step, uint32_t(i));
+      }
+      if (!__any_sync(0xffffffffu, scores)) continue;
+      if (scores) {
+        const float score = l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
+        if (better(score, i, best, best_index)) best = score, best_index = i;
+      }
+      float warp_max = best;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) warp_max = fmaxf(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, off));
+      bar = prune_bar(warp_max);
+    }
   }
   // Reduce over the warp, then over the block's 32 warps.
   warp_best(best, best_index);
   __shared__ float warp_score[kThreads / 32];
   __shared__ int warp_index[kThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_score[warp] = best, warp_index[warp] = best_index;
   non_finite = __syncthreads_or(non_finite);  // every warp's candidate is written
   if (warp == 0) {
@@ -96,7 +160,7 @@ int chunks_per_row(int num_rows) {
     cudaFuncAttributes kernel = {};
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaFuncGetAttributes(&kernel, sample_kernel));
+    CUDA_CHECK(cudaFuncGetAttributes(&kernel, sample_kernel<true>));
     return kernel.binaryVersion >= 90 ? count : 0;
   }();
   return std::clamp((2 * sms + num_rows - 1) / num_rows, 1, kMaxChunks);
@@ -105,11 +169,11 @@ int chunks_per_row(int num_rows) {
 }  // namespace
 
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, bool prune) {
   if (num_rows == 0) return;
   const int chunks = chunks_per_row(num_rows);
   // The chunks of a row are one cluster.
-  launch_overlapped_in_clusters(sample_kernel, dim3(unsigned(chunks), unsigned(num_rows)), unsigned(chunks), kThreads, 0,
+  launch_overlapped_in_clusters(prune ? sample_kernel<true> : sample_kernel<false>, dim3(unsigned(chunks), unsigned(num_rows)), unsigned(chunks), kThreads, 0,
                                 stream, tokens, logits, vocab_size, rows);
   CUDA_CHECK_LAUNCH();
   // Rows with top-k or top-p: sample_top_k_top_p_kernel (sampler_top_k_top_p.cu) samples them again and

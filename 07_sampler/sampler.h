@@ -75,14 +75,16 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 // CUDA (sampler.cu): every row, the same random numbers as the CPU. Greedy and temperature rows by
 // sample_kernel (up to 8 blocks per row, a thread-block cluster, when the rows alone leave SMs idle); rows asking for top-k or top-p by sample_top_k_top_p_kernel
 // (sampler_top_k_top_p.cu: radix select, no sort), which writes -1 for a row with a NaN or an infinite
-// maximum. No host synchronisation or allocation: safe inside a CUDA graph.
+// maximum. No host synchronisation or allocation: safe inside a CUDA graph. prune (the default) lets
+// sample_kernel skip the exact score of entries that provably cannot win (sampler.cu, cannot_win): the same
+// tokens, about a third of the instructions; false scores every entry, the loop of sample_row_cpu.
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
-                 cudaStream_t stream);
+                 cudaStream_t stream, bool prune = true);
 
 }  // namespace nanovllm
 #endif

@@ -1,6 +1,8 @@
 // The GPU sampler picks the same tokens as the CPU sampler from the same logits and random streams.
 //
 //   SameTokensAsCpu                    greedy and temperature rows (sample_kernel)
+//   PruningNeverChangesTheToken        sample_kernel skipping the entries that cannot win against scoring
+//                                      them all: flat rows, near ties, huge scores, masked entries
 //   TopKTopPSameTokensAsCpu            a grid of settings (greedy, temperature, top-k, top-p, both) on bf16
 //                                      and heavily tied logits, vocab 1000, 5003 and 151,936: every row
 //   TopKTopPBoundaryTiesLowestIdsFirst, TopKTopPFlatRowsCutInIdOrder   ties at the cut, lowest ids kept
@@ -46,6 +48,61 @@ TEST(Ch07_SamplerCuda, SameTokensAsCpu) {
     d_tokens.poison();
     sample_cuda(d_tokens.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0);
     EXPECT_EQ(d_tokens.get(), want) << "vocab " << vocab;
+  }
+}
+
+TEST(Ch07_SamplerCuda, PruningNeverChangesTheToken) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  const int vocab = 151936;
+  for (int rows : {1, 64, 300}) {  // 8, 5 and 1 blocks per row
+    std::vector<float> logits = random_bf16_values(size_t(rows) * vocab, rng, 3.0f);
+    std::vector<SamplingRow> settings(rows);
+    for (int b = 0; b < rows; b++) {
+      float* row = logits.data() + size_t(b) * vocab;
+      SamplingRow& s = settings[b];
+      s = {0.3f + 0.1f * float(b % 9), 0, 1.0f, uint64_t(rng()), uint64_t(b * 3 + 1)};
+      switch (b % 5) {
+        case 0:  // random logits, as the model's
+          break;
+        case 1:  // flat: the noise alone decides
+          std::fill(row, row + vocab, 1.5f);
+          break;
+        case 2: {  // two entries far above the rest whose scores tie to within rounding: j's logit is
+                   // chosen so that l_j / T + g_j = l_i / T + g_i (the bar must not skip the later one)
+          std::fill(row, row + vocab, -40.0f);
+          const int i = int(rng() % uint32_t(vocab)), j = int(rng() % uint32_t(vocab));
+          const float gi = gumbel_noise(s.seed, s.step, uint32_t(i)), gj = gumbel_noise(s.seed, s.step, uint32_t(j));
+          row[i] = 5.0f;
+          row[j] = s.temperature * (5.0f / s.temperature + gi - gj);
+          break;
+        }
+        case 3:  // scores near 1e5: a bar's margin of 1e-4 |best| is 10 units here, an ulp 0.008
+          s.temperature = 2e-5f;
+          for (int v = 0; v < vocab; v++) row[v] *= 1.0f / 3.0f;
+          break;
+        case 4:  // most entries masked, the rest tied
+          for (int v = 0; v < vocab; v++) row[v] = v % 97 == 0 ? 0.25f : -INFINITY;
+          break;
+      }
+    }
+    DeviceArray<float> d_logits(logits);
+    DeviceArray<SamplingRow> d_rows(settings);
+    DeviceArray<int32_t> pruned{static_cast<size_t>(rows)}, scored{static_cast<size_t>(rows)};
+    pruned.poison();
+    scored.poison();
+    sample_cuda(pruned.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0, true);
+    sample_cuda(scored.ptr, d_logits.ptr, rows, vocab, d_rows.ptr, 0, false);
+    const std::vector<int32_t> got = pruned.get(), want = scored.get();
+    for (int b = 0; b < rows; b++) {
+      EXPECT_GE(want[b], 0) << "row " << b;
+      EXPECT_EQ(got[b], want[b]) << rows << " rows, row " << b << " (" << describe(settings[b]) << ")";
+    }
+    // And the CPU spec on the rows whose winner is not decided by a last-ulp difference of logf.
+    for (int b = 0; b < rows; b++) {
+      if (b % 5 == 2) continue;
+      EXPECT_EQ(got[b], sample_row_cpu(logits.data() + size_t(b) * vocab, vocab, settings[b])) << "row " << b;
+    }
   }
 }
 

@@ -11,6 +11,9 @@
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/backend.h"
 #include "04_model_runner/model_runner.h"
+#ifdef NANOVLLM_CUDA
+#include "06_tensor_parallel/linear.h"
+#endif
 #include "tests/test_util.h"
 
 using namespace nanovllm;
@@ -198,6 +201,34 @@ TEST(E2E_Gpu, WgmmaProjectionsWithTheirSiluMatchTransformers) {
       const size_t half = g.prompts.size();
       expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin(), outputs.begin() + long(half)), what + ", first copy");
       expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + long(half), outputs.end()), what + ", second copy");
+    }
+  }
+}
+
+TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
+  // Above 48 rows v6 runs the projections with few outputs (06_tensor_parallel/linear.h, kWgmmaNarrowOut:
+  // every projection of the tiny models) up to kWgmmaNarrowRows (64), with the plans for many rows
+  // (linear_wgmma_plan). The golden prompts 7 times over: decode steps of 56 rows (graph size 64); every
+  // copy must give the golden greedy tokens.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef NANOVLLM_CUDA
+  if (!linear_wgmma_available()) GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+#endif
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    const int copies = 7;
+    std::vector<std::vector<int32_t>> prompts;
+    for (int c = 0; c < copies; c++) prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
+    for (bool eager : {false, true}) {
+      EngineConfig c = gpu_config(model);
+      c.enforce_eager = eager;
+      const std::string what = model + (eager ? " eager, " : " graphs, ") + std::to_string(prompts.size()) + " sequences";
+      std::vector<GenerateOutput> outputs = LLMEngine(c).generate(prompts, {greedy(24)});
+      ASSERT_EQ(outputs.size(), prompts.size());
+      const size_t each = g.prompts.size();
+      for (int k = 0; k < copies; k++)
+        expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + long(k * each), outputs.begin() + long((k + 1) * each)),
+                             what + ", copy " + std::to_string(k));
     }
   }
 }

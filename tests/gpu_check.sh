@@ -8,7 +8,9 @@
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
-#              beside the default (6: v6 from 9 to 48 rows) and, up to batch 4, v7's fused projections (7)
+#              beside the default (6: v6 from 9 to 48 rows, o_proj and down_proj to 64) and, up to batch 4, v7's
+#              fused projections (7)
+#   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
 #              barrier), 04_model_runner/NOTES.md section 9
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
@@ -78,6 +80,10 @@ for phase in $phases; do
         done
         echo "$line"
       done ;;
+    sweep)
+      objects=$(find $B/obj -name '*.o' ! -name '*_test.*' ! -path '*/tests/*' ! -name 'main.cpp.o')
+      nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA tests/linear_sweep.cpp $objects -o $B/linear_sweep -lcublasLt -lcublas \
+        > "$out/sweep-build.log" 2>&1 && $B/linear_sweep | tee "$out/sweep.log" || status=1 ;;
     chain)
       nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o $B/chain_bench > "$out/chain-build.log" 2>&1 &&
         $B/chain_bench | tee "$out/chain.log" || status=1 ;;
