@@ -229,7 +229,7 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreInsideDecodeAttention) {
     DeviceArray<int32_t> d_pos(positions), d_slots(slots), d_ctx(c.context), d_tables(tables);
     DeviceArray<float> d_cos(cos), d_sin(sin), scratch(decode_attention_scratch_bytes(B, max_ctx, shape) / sizeof(float));
     const QkNormRopeInputs qk{d_qn.ptr, d_kn.ptr, d_cos.ptr, d_sin.ptr, d_pos.ptr, d_slots.ptr, 1e-6f};
-    for (int version : {9, 10}) {
+    for (int version : {9, 10, 11}) {
       // Two launches, then one, each on fresh copies of qkv and the caches.
       DeviceArray<bf16> u_qkv(to_bf16(qkv)), u_k(to_bf16(k_cache)), u_v(to_bf16(v_cache)), u_out(size_t(B) * q_dim);
       DeviceArray<bf16> f_qkv(to_bf16(qkv)), f_k(to_bf16(k_cache)), f_v(to_bf16(v_cache)), f_out(size_t(B) * q_dim);

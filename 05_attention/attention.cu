@@ -11,7 +11,8 @@
 //   v7_head_major.cu            v2 with the grid head-fastest                        decode
 //   v8_l2_prefetch.cu           v2 + an L2 prefetch of each warp's next step         decode
 //   v9_tensor_core_decode.cu    split-K decode on tensor cores (mma.sync)            decode
-//   v10_split_by_batch.cu       v9, split only to fill the GPU (often no combine)    decode (default)
+//   v10_split_by_batch.cu       v9, split only to fill the GPU (often no combine)    decode
+//   v11_cluster_combine.cu      v10, the splits merged in a thread-block cluster     decode (default)
 //
 // Which one runs: attention_version_for (attention_versions.cpp). Measured results: NOTES.md.
 // Build: `make CUDA_ARCH=90`; run one version: `build/nanovllm bench-step --random qwen3-0.6b
@@ -70,11 +71,12 @@ using Launcher = void (*)(const AttentionParams&, const LaunchDims&, cudaStream_
 // Indexed by version number; nullptr where a version does not implement the phase (the table in
 // attention_versions.cpp says the same, and attention_version_for never returns such a pair).
 constexpr Launcher kPrefillLaunchers[] = {launch_v0_naive, launch_v1_gqa, nullptr, nullptr, nullptr,
-                                          launch_v5_tensor_core_prefill, nullptr, nullptr, nullptr, nullptr, nullptr};
+                                          launch_v5_tensor_core_prefill, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 constexpr Launcher kDecodeLaunchers[] = {launch_v0_naive,    launch_v1_gqa, launch_v2_split_k, launch_v3_staged_table,
                                          launch_v4_prefetch, nullptr,       launch_v6_pipelined_decode,
                                          launch_v7_head_major, launch_v8_l2_prefetch,
-                                         launch_v9_tensor_core_decode, launch_v10_split_by_batch};
+                                         launch_v9_tensor_core_decode, launch_v10_split_by_batch,
+                                         launch_v11_cluster_combine};
 
 // The fields every version reads; the phase-specific ones are filled by the caller.
 AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
@@ -160,6 +162,11 @@ void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, cons
   p.partition_size = decode_partition_size(num_seqs, shape);
   p.max_partitions = std::max(1, (max_context_len + p.partition_size - 1) / p.partition_size);
   if (v == 10) p.splits = decode_splits(num_seqs, shape), p.max_partitions = p.splits;
+  if (v == 11) {  // as v10, up to the largest cluster (without clusters v11 is v10: splits and a combine)
+    const int most = tensor_core_decode_max_cluster();
+    p.splits = most > 1 ? std::min(decode_splits(num_seqs, shape), most) : decode_splits(num_seqs, shape);
+    p.max_partitions = p.splits;
+  }
   const size_t entries = size_t(num_seqs) * shape.num_heads * p.max_partitions;
   p.part_m = scratch;
   p.part_l = scratch + entries;
@@ -185,7 +192,7 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
 
 bool decode_attention_fuses_qk_norm_rope(int version, const AttentionShape& shape) {
   const int v = attention_version_for(AttentionPhase::Decode, version, shape);
-  return v == 9 || v == 10;
+  return v == 9 || v == 10 || v == 11;
 }
 
 void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv, int64_t qkv_stride, bf16* k_cache,
@@ -194,7 +201,7 @@ void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv,
                                  float* scratch, int version, const QkNormRopeInputs& qk, cudaStream_t stream) {
   if (!decode_attention_fuses_qk_norm_rope(version, shape))
     fail("attention v", attention_version_for(AttentionPhase::Decode, version, shape),
-         " cannot do qk-norm, RoPE and the KV write itself (v9 and v10 can)");
+         " cannot do qk-norm, RoPE and the KV write itself (v9, v10 and v11 can)");
   decode(out, out_stride, qkv, qkv_stride, k_cache, v_cache, context_lens, block_tables, block_table_width, num_seqs,
          max_context_len, shape, scratch, version, &qk, stream);
 }

@@ -12,7 +12,7 @@
 // 0 .. seqlen_k - seqlen_q + i. GQA: query head h reads KV head h / (num_heads / num_kv_heads).
 //
 // The plain C++ functions here are the readable spec and the test oracle (fp32); the CUDA kernels (bf16
-// storage, fp32 arithmetic) are a ladder of numbered versions, v0_naive.cu to v10_split_by_batch.cu,
+// storage, fp32 arithmetic) are a ladder of numbered versions, v0_naive.cu to v11_cluster_combine.cu,
 // behind the two dispatching entry points in attention.cu.
 #pragma once
 
@@ -79,11 +79,11 @@ const std::vector<AttentionVersion>& attention_versions();
 constexpr int kAttentionVersionDefault = -1;
 // Each phase's default: the fastest measured on the H200 (NOTES.md). One line each to flip.
 constexpr int kDefaultPrefillVersion = 5;  // v5_tensor_core_prefill
-constexpr int kDefaultDecodeVersion = 10;  // v10_split_by_batch
+constexpr int kDefaultDecodeVersion = 11;  // v11_cluster_combine
 
 // The version that really runs for `requested` (kAttentionVersionDefault or a table number) in this
 // phase and shape: the phase's default when `requested` is the default or does not implement the phase;
-// then v0_naive when the kernel cannot take the shape (v1-v10 are instantiated for head_dim 64 and 128
+// then v0_naive when the kernel cannot take the shape (v1-v11 are instantiated for head_dim 64 and 128
 // only, and their decode kernels for GQA groups of at most 8 query heads). Throws Error for a number
 // that is not in the table, and for head_dim outside 1..256 (v0's limit).
 int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape);
@@ -113,11 +113,14 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
 // sum, unnormalised output) are merged by a second kernel. max_context_len bounds the number of
 // partitions launched (under a CUDA graph it is max_model_len; blocks past a sequence's context return
 // at once). v10 cuts every context into decode_splits(...) partitions instead, a number set by the batch
-// alone; with 1 split there is no second kernel. `scratch` needs decode_attention_scratch_bytes(...) bytes,
-// enough for every version.
+// alone; with 1 split there is no second kernel. v11 takes at most kMaxClusterSplits of them (8 where the GPU
+// holds no cluster of 16), a thread-block cluster that merges its splits itself (no second kernel either). `scratch` needs
+// decode_attention_scratch_bytes(...) bytes, enough for every version.
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& shape);
 int decode_partition_size(int num_seqs, const AttentionShape& shape);
 int decode_splits(int num_seqs, const AttentionShape& shape);
+constexpr int kMaxClusterSplits = 16, kPortableClusterSplits = 8;  // thread-block clusters: Hopper's most, and
+                                                                    // the most every cluster GPU holds
 void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                            const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
                            int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
@@ -128,7 +131,7 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
 // (q, k raw; then v); the kernel norms and rotates q for itself and writes the new token's K (normed,
 // rotated) and V to slot_mapping[b] before any block reads the cache; out as decode_attention_cuda. The
 // result equals qk_norm_rope_store_cuda then decode_attention_cuda bit for bit on out and on the cache
-// (qkv itself is left raw). v9 and v10 only (decode_attention_fuses_qk_norm_rope; the default is v10).
+// (qkv itself is left raw). v9, v10 and v11 only (decode_attention_fuses_qk_norm_rope; the default is v11).
 struct QkNormRopeInputs {
   const bf16* q_norm;           // (head_dim)
   const bf16* k_norm;           // (head_dim)

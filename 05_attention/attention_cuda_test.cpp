@@ -5,11 +5,13 @@
 // (prefix hits, chunks that start and end mid-page); q_len = 1 prefill; GQA groups 1, 2, 3, 4, 8 and MQA
 // (one KV head for 8 or 16 query heads); head dims 64 and 128, and 80 and 96 through the fallback (v0);
 // one long prefill with many KV tiles; batch sizes that select every decode partition size; CUDA-graph
-// sized grids with padding rows. Outputs are poisoned (NaN) before each launch.
+// sized grids with padding rows; v11 (splits merged in a cluster) bit for bit against v10 (the combine
+// kernel). Outputs are poisoned (NaN) before each launch.
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <string>
 
@@ -214,6 +216,7 @@ TEST(Ch05_AttentionCuda, DecodeMatchesCpu) {
     check_decode(shape_of(4, 2, 128, block), {1, 17, 300, 2000}, rng);
     check_decode(shape_of(6, 2, 64, block), {513, 64, 65}, rng);
     check_decode(shape_of(16, 8, 128, block), {1000, 3, 777}, rng);
+    check_decode(shape_of(16, 8, 128, block), {1000}, rng);  // one sequence: v10 and v11 split it 16 ways
     check_decode(shape_of(32, 8, 128, block), {257, 1}, rng);
     check_decode(shape_of(8, 8, 64, block), {100, 7}, rng);      // no GQA
     check_decode(shape_of(8, 1, 128, block), {99, 1200}, rng);   // MQA, group 8
@@ -245,6 +248,42 @@ TEST(Ch05_AttentionCuda, DecodeEveryPartitionSizeAndPaddingRows) {
   std::vector<int> padded(20, 0);
   for (size_t b = 0; b < padded.size(); b += 2) padded[b] = 1 + int(rng() % 1500);
   check_decode(shape_of(16, 8, 128, 16), padded, rng, 4096);
+}
+
+TEST(Ch05_AttentionCuda, ClusterCombineGivesTheCombineKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(9);
+  // Batches where v10 splits each context at most 8 ways (8 KV heads: 2 sequences -> 8 splits, 3 -> 6,
+  // 4 -> 4, 8 -> 2), so that v11 has the same partitions: its merge in the cluster must give the combine
+  // kernel's bits. Contexts shorter than the splits' tiles leave blocks past the context (empty
+  // partitions), and context 0 is a padding row.
+  const AttentionShape s = shape_of(16, 8, 128, 16);
+  for (int B : {2, 3, 4, 8}) {
+    std::vector<int> context(static_cast<size_t>(B));
+    for (int& c : context) c = 1 + int(rng() % 1500);
+    context[0] = 20;  // 2 tiles: most of its splits are empty
+    if (B > 2) context[1] = 0;
+    ASSERT_LE(decode_splits(B, s), kPortableClusterSplits);
+    Problem p = make_problem(s, context, rng);
+    const int out_dim = s.num_heads * s.head_dim, q_stride = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
+    const int max_ctx = 2048;  // as under a CUDA graph
+    DeviceArray<bf16> d_q(to_bf16(random_bf16_values(size_t(B) * q_stride, rng))), d_k(to_bf16(p.k_cache)),
+        d_v(to_bf16(p.v_cache)), out10(size_t(B) * out_dim), out11(size_t(B) * out_dim);
+    DeviceArray<int32_t> d_ctx(context), d_bt(p.block_tables);
+    DeviceArray<float> scratch(decode_attention_scratch_bytes(B, max_ctx, s) / sizeof(float));
+    out10.poison();
+    out11.poison();
+    decode_attention_cuda(out10.ptr, out_dim, d_q.ptr, q_stride, d_k.ptr, d_v.ptr, d_ctx.ptr, d_bt.ptr, p.width, B,
+                          max_ctx, s, scratch.ptr, 10, 0);
+    scratch.poison();  // v11 must not need the partials
+    decode_attention_cuda(out11.ptr, out_dim, d_q.ptr, q_stride, d_k.ptr, d_v.ptr, d_ctx.ptr, d_bt.ptr, p.width, B,
+                          max_ctx, s, scratch.ptr, 11, 0);
+    const std::vector<bf16> a = out10.get(), b = out11.get();
+    ASSERT_EQ(a.size(), b.size());
+    int differ = 0;
+    for (size_t i = 0; i < a.size(); i++) differ += std::memcmp(&a[i], &b[i], sizeof(bf16)) != 0;
+    EXPECT_EQ(differ, 0) << "B " << B << ": v11 differs from v10 in " << differ << " of " << a.size() << " outputs";
+  }
 }
 
 #else

@@ -84,8 +84,16 @@ void launch_v7_head_major(const AttentionParams& p, const LaunchDims& dims, cuda
 void launch_v8_l2_prefetch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v10_split_by_batch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
-// v9's kernel alone (v9_tensor_core_decode.cu): the partials, or `out` itself when p.splits == 1.
-void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream);
+void launch_v11_cluster_combine(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+// v9's kernel alone (v9_tensor_core_decode.cu): the partials, or `out` itself when p.splits == 1; with
+// `cluster` (v11; p.splits == p.max_partitions <= 8) the splits of a (sequence, KV head) are a thread-block
+// cluster that merges them into `out` itself.
+void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream,
+                                      bool cluster = false);
+// Whether the code loaded for this GPU can launch that cluster (sm_90 and later), and the most splits it
+// can hold: kMaxClusterSplits (16, a non-portable size Hopper allows), kPortableClusterSplits (8), or 1.
+bool tensor_core_decode_clusters_available();
+int tensor_core_decode_max_cluster();
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 

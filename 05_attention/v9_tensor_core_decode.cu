@@ -51,6 +51,8 @@
 #include "05_attention/softmax.cuh"
 #include "05_attention/qk_norm_rope.cuh"
 
+#include <cooperative_groups.h>
+
 namespace nanovllm {
 namespace {
 
@@ -90,9 +92,43 @@ __device__ inline void load_tile(const AttentionParams& p, const int32_t* block_
   }
 }
 
-// Block (partition, kv_head, seq): the G query heads of kv_head over one partition of the context ->
-// their partial (m, l, O), as v2's store_partials writes them; with p.splits == 1 (v10), their output.
+// v11 (v11_cluster_combine.cu): the `splits` blocks of a (sequence, KV head) are one thread-block cluster.
+// Each has left its merged state of rows 0..G-1 in its shared memory at `state` (m[8], l[8], then
+// O[8][HEAD_DIM]); block `rank` of the cluster merges outputs rank * blockDim.x + threadIdx.x, then
+// every splits * blockDim.x-th, reading the cluster's states through distributed shared memory, with the
+// combine kernel's formula in the combine's partition order (v2_split_k.cu, decode_combine_kernel): the
+// same bits, without the partials' round trip through memory or a second launch.
 template <int HEAD_DIM>
+__device__ void merge_splits_in_cluster(const AttentionParams& p, float* state, int seq, int G, bf16* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  cluster.sync();  // every block's state is written and visible to the cluster
+  const int context = p.context_lens[seq];
+  const int partition_size = context == 0 ? 1 : partition_size_for(p, context);
+  const int parts = (context + partition_size - 1) / partition_size;  // the non-empty partitions; 0: padding
+  const int rank = int(blockIdx.x), splits = int(gridDim.x);
+  for (int idx = rank * int(blockDim.x) + int(threadIdx.x); idx < G * HEAD_DIM; idx += splits * int(blockDim.x)) {
+    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+    float M = -INFINITY;
+    for (int i = 0; i < parts; i++) M = fmaxf(M, cluster.map_shared_rank(state, i)[r]);
+    float l = 0.0f, O = 0.0f;
+    for (int i = 0; i < parts; i++) {
+      const float* peer = cluster.map_shared_rank(state, i);
+      const float w = exp2f(peer[r] - M);
+      l += peer[8 + r] * w;
+      O += peer[16 + r * HEAD_DIM + d] * w;
+    }
+    out[r * HEAD_DIM + d] = __float2bfloat16(parts == 0 ? 0.0f : O / l);
+  }
+  // No block exits (freeing its shared memory) while a peer still reads it; the reads have returned.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
+// Block (partition, kv_head, seq): the G query heads of kv_head over one partition of the context ->
+// their partial (m, l, O), as v2's store_partials writes them; with p.splits == 1 (v10), their output;
+// CLUSTER (v11, p.splits > 1), the output, merged across the cluster (merge_splits_in_cluster).
+template <int HEAD_DIM, bool CLUSTER>
 __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode_kernel(AttentionParams p) {
   constexpr int kSteps = HEAD_DIM / 16;  // k-steps of Q K^T, m-tiles of O^T
   constexpr int kTileBytes = kTileKeys * HEAD_DIM * 2;
@@ -107,10 +143,14 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   const int key_begin = partition * partition_size;
   const int key_end = min(seqlen_k, key_begin + partition_size);
   bf16* out = p.out + int64_t(seq) * p.out_stride + int64_t(kv_head * G) * HEAD_DIM;  // (G, HEAD_DIM) of this block
+  // v11's state for the cluster's merge: (m[8], l[8], O[8][HEAD_DIM]) after the warps' merge buffers below.
+  float* cluster_state = reinterpret_cast<float*>(smem) + 2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM;
   if (key_begin >= key_end) {  // past this sequence's context (or a padding row, context 0)
-    // With one split (v10) there is no combine to write a padding row's zeros: this block does.
+    // With one split (v10) there is no combine to write a padding row's zeros: this block does. In a
+    // cluster (v11) the block still takes part in the merge: its partition is past `parts`, never read.
     if (p.splits == 1)
       for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) out[idx] = __float2bfloat16(0.0f);
+    if (CLUSTER && p.splits > 1) merge_splits_in_cluster<HEAD_DIM>(p, cluster_state, seq, G, out);
     return;
   }
 
@@ -280,28 +320,72 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
       out[r * HEAD_DIM + d] = __float2bfloat16(O / L);
       continue;
     }
+    if (CLUSTER) {  // v11: the state stays in shared memory for the cluster's merge
+      if (d == 0) cluster_state[r] = M, cluster_state[8 + r] = L;
+      cluster_state[16 + r * HEAD_DIM + d] = O;
+      continue;
+    }
     const int64_t part = (int64_t(seq) * p.num_heads + kv_head * G + r) * p.max_partitions + partition;
     if (d == 0) p.part_m[part] = M, p.part_l[part] = L;
     p.part_O[part * HEAD_DIM + d] = O;
   }
+  if (CLUSTER && p.splits > 1) merge_splits_in_cluster<HEAD_DIM>(p, cluster_state, seq, G, out);
 }
 
 template <int HEAD_DIM>
+constexpr int kSmemBytes = kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2;
+
+template <int HEAD_DIM, bool CLUSTER>
 void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));
-  const int smem_bytes = kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2;
-  static_assert(kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2 >= (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM) * 4,
-                "the merge reuses the pipeline buffers");
-  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v9_tensor_core_decode_kernel<HEAD_DIM>), smem_bytes,
-                     stream);
-  launch_overlapped(attention_v9_tensor_core_decode_kernel<HEAD_DIM>, grid, kWarpsV9 * 32, smem_bytes, stream, p);
+  const int smem_bytes = kSmemBytes<HEAD_DIM>;
+  static_assert(kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2 >=
+                    (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM + 16 + 8 * HEAD_DIM) * 4,
+                "the merge (and v11's cluster state) reuses the pipeline buffers");
+  const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
+  // v11: the splits of a (sequence, KV head) are one cluster (grid.x == p.splits <= 8).
+  launch_overlapped_in_clusters(kernel, grid, CLUSTER ? unsigned(p.max_partitions) : 1u, kWarpsV9 * 32, smem_bytes,
+                                stream, p);
 }
 
 }  // namespace
 
-void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
-  if (p.head_dim == 64) launch_for_head_dim<64>(p, num_seqs, stream);
-  else launch_for_head_dim<128>(p, num_seqs, stream);
+void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream, bool cluster) {
+  if (p.head_dim == 64) cluster ? launch_for_head_dim<64, true>(p, num_seqs, stream) : launch_for_head_dim<64, false>(p, num_seqs, stream);
+  else cluster ? launch_for_head_dim<128, true>(p, num_seqs, stream) : launch_for_head_dim<128, false>(p, num_seqs, stream);
+}
+
+bool tensor_core_decode_clusters_available() { return tensor_core_decode_max_cluster() > 1; }
+
+int tensor_core_decode_max_cluster() {
+  static const int most = [] {
+    cudaFuncAttributes attributes = {};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, attention_v9_tensor_core_decode_kernel<128, true>));
+    if (attributes.binaryVersion < 90) return 1;  // clusters and distributed shared memory need sm_90 code
+    // 16 blocks a cluster is beyond the portable 8: the kernels must ask for it, and the GPU say it fits.
+    const auto k64 = attention_v9_tensor_core_decode_kernel<64, true>;
+    const auto k128 = attention_v9_tensor_core_decode_kernel<128, true>;
+    CUDA_CHECK(cudaFuncSetAttribute(k128, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<128>));
+    if (cudaFuncSetAttribute(k64, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+        cudaFuncSetAttribute(k128, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();  // not an error: 8 it is
+      return kPortableClusterSplits;
+    }
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(kMaxClusterSplits), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(kMaxClusterSplits)), config.blockDim = kWarpsV9 * 32;
+    config.dynamicSmemBytes = kSmemBytes<128>, config.attrs = &cluster, config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, k128, &config) != cudaSuccess || clusters < 1) {
+      (void)cudaGetLastError();
+      return kPortableClusterSplits;
+    }
+    return kMaxClusterSplits;
+  }();
+  return most;
 }
 
 void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {

@@ -82,7 +82,7 @@ const std::vector<Command>& commands() {
 const char* const kEngineOptionsHelp =
     "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
     "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
-    "                --enforce-eager --tensor-parallel-size N --attention-version N (0-10: chapter 05's kernels;\n"
+    "                --enforce-eager --tensor-parallel-size N --attention-version N (0-11: chapter 05's kernels;\n"
     "                default: each phase's fastest) --linear-version N (1-7: chapter 06's projections on the\n"
     "                GPU, 1 cuBLAS only, 2 + our GEMV for one row, 3 + timed cuBLASLt, 4 + our split-K GEMM,\n"
     "                5 + our tensor-core GEMV for 2-8 rows, 6 = 5 + our wgmma GEMM for 9-48 rows (o_proj and\n"
