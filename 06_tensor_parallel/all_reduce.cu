@@ -389,8 +389,7 @@ CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, 
       // this device, at most (blocks the GPU holds) / r per collective. An H200 holds 132 SMs x 2 blocks
       // of 512 threads, so 4 ranks keep all 32; a smaller GPU gets fewer blocks, each looping longer.
       const int ranks_here = int(std::count(devices_.begin(), devices_.end(), d));
-      int sms = 0;
-      CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+      const int sms = multiprocessor_count(d);
       for (const void* kernel : {reinterpret_cast<const void*>(all_reduce_kernel), reinterpret_cast<const void*>(gather_kernel)}) {
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));

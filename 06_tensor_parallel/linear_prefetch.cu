@@ -210,13 +210,6 @@ void launch_for_output(bf16* y, const bf16* x, const bf16* W, const LinearFusion
     launch_for_rows<INPUT, false>(y, x, W, f, n, in, out, plan, stream);
 }
 
-int sm_count() {
-  int device = 0, count = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 // 1 where the kernels were compiled (sm_90 and later), 0 in the passes for older GPUs, where they are empty.
 __device__ const int kPrefetchCompiled =
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -278,7 +271,7 @@ bool linear_prefetch_fits(const bf16* x, const bf16* W, int n, int in_features, 
 void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
                           const LinearFusion& fusion, cudaStream_t stream) {
   if (out_features == 0) return;  // nothing to compute (and no plan: zero blocks)
-  const LinearPrefetchPlan plan = linear_prefetch_plan(n, in_features, out_features, sm_count());
+  const LinearPrefetchPlan plan = linear_prefetch_plan(n, in_features, out_features, multiprocessor_count());
   if (!prefetch_inputs_fit(x, W, n, in_features) || plan.blocks == 0)
     fail("internal: linear_prefetch_cuda needs a GPU of compute capability 9.0 or later, 1 <= n <= ",
          kPrefetchMaxRows, ", in_features % 8 == 0, 16-byte aligned x and W, and a weight row and x within 226 KB "

@@ -156,12 +156,9 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
 // reduction is compiled out).
 int chunks_per_row(int num_rows) {
   static const int sms = [] {
-    int device = 0, count = 0;
     cudaFuncAttributes kernel = {};
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     CUDA_CHECK(cudaFuncGetAttributes(&kernel, sample_kernel<true>));
-    return kernel.binaryVersion >= 90 ? count : 0;
+    return kernel.binaryVersion >= 90 ? multiprocessor_count() : 0;
   }();
   return std::clamp((2 * sms + num_rows - 1) / num_rows, 1, kMaxChunks);
 }

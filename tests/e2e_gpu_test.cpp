@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
@@ -176,61 +177,61 @@ TEST(E2E_Gpu, FusedProjectionsAtBatchOneMatchTransformers) {
   }
 }
 
+// The golden prompts `copies` times over in one generate call, so that every decode step has that many
+// times their rows, under graphs and eager; every copy must give the golden greedy tokens. `runs` is asked
+// of each engine's backend before it generates (false: the GPU cannot run what the test is about, and the
+// helper returns false at once).
+bool golden_copies_match(const std::string& model, int copies, const std::function<bool(const Backend&, int64_t rows)>& runs) {
+  Golden g = load(model);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int c = 0; c < copies; c++) prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
+  for (bool eager : {false, true}) {
+    EngineConfig c = gpu_config(model);
+    c.enforce_eager = eager;
+    LLMEngine engine(c);
+    bool ok = false;
+    engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
+      ok = runs(*b, int64_t(prompts.size()));
+      return b;
+    });
+    if (!ok) return false;
+    const std::string what = model + (eager ? " eager, " : " graphs, ") + std::to_string(prompts.size()) + " sequences";
+    std::vector<GenerateOutput> outputs = engine.generate(prompts, {greedy(24)});
+    EXPECT_EQ(outputs.size(), prompts.size()) << what;
+    if (outputs.size() != prompts.size()) return true;
+    const long each = long(g.prompts.size());
+    for (int k = 0; k < copies; k++)
+      expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + k * each, outputs.begin() + (k + 1) * each),
+                           what + ", copy " + std::to_string(k));
+  }
+  return true;
+}
+
 TEST(E2E_Gpu, WgmmaProjectionsWithTheirSiluMatchTransformers) {
   // The default linear version at 9-48 rows: v6, and the MLP's gate_up projection with its activation in one
-  // kernel (Backend::fuses_linear_silu, 06_tensor_parallel/linear_wgmma.cu). The golden prompts twice over,
-  // so that every decode step has 16 rows; both copies must give the golden greedy tokens.
+  // kernel (Backend::fuses_linear_silu, 06_tensor_parallel/linear_wgmma.cu). The golden prompts twice over:
+  // 16 rows a decode step.
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
-    Golden g = load(model);
-    std::vector<std::vector<int32_t>> prompts = g.prompts;
-    prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
-    for (bool eager : {false, true}) {
-      EngineConfig c = gpu_config(model);
-      c.enforce_eager = eager;
-      LLMEngine engine(c);
-      bool fuses = false;
-      engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
-        fuses = b->fuses_linear_silu(int64_t(prompts.size()));
-        return b;
-      });
-      if (!fuses) GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
-      const std::string what = model + (eager ? " eager" : " graphs") + ", 16 sequences";
-      std::vector<GenerateOutput> outputs = engine.generate(prompts, {greedy(24)});
-      ASSERT_EQ(outputs.size(), prompts.size());
-      const size_t half = g.prompts.size();
-      expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin(), outputs.begin() + long(half)), what + ", first copy");
-      expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + long(half), outputs.end()), what + ", second copy");
-    }
-  }
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
+    if (!golden_copies_match(model, 2, [](const Backend& b, int64_t rows) { return b.fuses_linear_silu(rows); }))
+      GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
 }
 
 TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   // Above 48 rows v6 runs the projections with few outputs (06_tensor_parallel/linear.h, kWgmmaNarrowOut:
   // every projection of the tiny models) up to kWgmmaNarrowRows (64), with the plans for many rows
-  // (linear_wgmma_plan). The golden prompts 7 times over: decode steps of 56 rows (graph size 64); every
-  // copy must give the golden greedy tokens.
+  // (linear_wgmma_plan). The golden prompts 7 times over: 56 rows a decode step (graph size 64).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const auto wgmma_runs = [](const Backend&, int64_t) {
 #ifdef NANOVLLM_CUDA
-  if (!linear_wgmma_available()) GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+    return linear_wgmma_available();
+#else
+    return false;
 #endif
-  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
-    Golden g = load(model);
-    const int copies = 7;
-    std::vector<std::vector<int32_t>> prompts;
-    for (int c = 0; c < copies; c++) prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
-    for (bool eager : {false, true}) {
-      EngineConfig c = gpu_config(model);
-      c.enforce_eager = eager;
-      const std::string what = model + (eager ? " eager, " : " graphs, ") + std::to_string(prompts.size()) + " sequences";
-      std::vector<GenerateOutput> outputs = LLMEngine(c).generate(prompts, {greedy(24)});
-      ASSERT_EQ(outputs.size(), prompts.size());
-      const size_t each = g.prompts.size();
-      for (int k = 0; k < copies; k++)
-        expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + long(k * each), outputs.begin() + long((k + 1) * each)),
-                             what + ", copy " + std::to_string(k));
-    }
-  }
+  };
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
+    if (!golden_copies_match(model, 7, wgmma_runs))
+      GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
 }
 
 TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {

@@ -1,5 +1,5 @@
 // cuda_utils.h: what every CUDA file shares: CUDA_CHECK after every runtime call and launch, whether a
-// GPU is present, warp_sum, and the overlapped launch of consecutive kernels. Header-only; bf16 itself
+// GPU is present and how many SMs it has, warp_sum, and the overlapped launch of consecutive kernels. Header-only; bf16 itself
 // is in bf16.h.
 #pragma once
 
@@ -36,6 +36,14 @@ inline bool cuda_device_present() {
     return false;
   }
   return count > 0;
+}
+
+// The number of streaming multiprocessors of `device` (-1: the current device), which sizes grids.
+inline int multiprocessor_count(int device = -1) {
+  if (device < 0) CUDA_CHECK(cudaGetDevice(&device));
+  int count = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
 }
 
 // Overlapped launches (programmatic dependent launch, sm_90 and later). A decode step is ~300 kernels in
