@@ -67,7 +67,7 @@ for phase in $phases; do
         $B/nanovllm bench-step --random qwen3-0.6b --batch $b > "$out/step-$b.log" 2>&1
         echo "batch $b: $(grep -E 'step time' "$out/step-$b.log")"
       done
-      for v in 0 1 2 3 4 5 6 7 8 9 10; do
+      for v in 0 1 2 3 4 5 6 7 8 9 10 11; do
         $B/nanovllm bench-step --random qwen3-0.6b --batch 256 --attention-version $v > "$out/step-256-v$v.log" 2>&1
         echo "v$v: $(grep -E 'attention decode' "$out/step-256-v$v.log")"
       done ;;
