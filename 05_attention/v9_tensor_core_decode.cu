@@ -346,11 +346,13 @@ void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t st
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
   // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
   // outside a capture; the warm-up before it launches the same kernels).
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (CLUSTER && p.max_partitions > kPortableClusterSplits && capturing == cudaStreamCaptureStatusNone)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  // v11: the splits of a (sequence, KV head) are one cluster (grid.x == p.splits <= 8).
+  if (CLUSTER && p.max_partitions > kPortableClusterSplits) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing == cudaStreamCaptureStatusNone)
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  // v11: the splits of a (sequence, KV head) are one cluster (grid.x == p.splits <= kMaxClusterSplits).
   launch_overlapped_in_clusters(kernel, grid, CLUSTER ? unsigned(p.max_partitions) : 1u, kWarpsV9 * 32, smem_bytes,
                                 stream, p);
 }

@@ -467,17 +467,35 @@ bool linear_wgmma_available() {
   return available;
 }
 
+namespace {
+
+void check_operands(const bf16* x, const bf16* W, int n, int in_features) {
+  if (!linear_split_k_fits(x, W, n, in_features) || !linear_wgmma_available())
+    fail("linear_wgmma_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % 8 "
+         "== 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
+}
+
+void launch_plain(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                  const LinearWgmmaPlan& plan, cudaStream_t stream) {
+  if (y_is_fp32)
+    launch_wgmma<float, false>(static_cast<float*>(y), x, W, n, in_features, out_features, plan, stream);
+  else
+    launch_wgmma<bf16, false>(static_cast<bf16*>(y), x, W, n, in_features, out_features, plan, stream);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream) {
-  linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features,
-                    linear_wgmma_plan(n, in_features, out_features, clusters_per_wave), stream);
+  check_operands(x, W, n, in_features);  // linear_wgmma_plan's plans need no check: they are built to fit
+  launch_plain(y, y_is_fp32, x, W, n, in_features, out_features,
+               linear_wgmma_plan(n, in_features, out_features, clusters_per_wave), stream);
 }
 
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, const LinearWgmmaPlan& plan, cudaStream_t stream) {
-  if (!linear_split_k_fits(x, W, n, in_features) || !linear_wgmma_available())
-    fail("linear_wgmma_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % 8 "
-         "== 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
+  check_operands(x, W, n, in_features);
   const int k_tiles = (in_features + kStageIn - 1) / kStageIn;
   if (plan.splits < 1 || plan.splits > kMaxSplits || plan.k_tiles_per_split < 1 ||
       plan.splits * plan.k_tiles_per_split < k_tiles || (plan.splits - 1) * plan.k_tiles_per_split >= k_tiles ||
@@ -485,11 +503,7 @@ void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, in
     fail("linear_wgmma_cuda: a plan of ", plan.splits, " splits of ", plan.k_tiles_per_split, " stages (",
          plan.warpgroups, " warpgroups, ", plan.block_out, " outputs a block) does not cover ", k_tiles,
          " stages of in_features with none empty, or its clusters do not fit the GPU");
-  if (y_is_fp32)
-    launch_wgmma<float, false>(static_cast<float*>(y), x, W, n, in_features, out_features, plan, stream);
-  else
-    launch_wgmma<bf16, false>(static_cast<bf16*>(y), x, W, n, in_features, out_features, plan, stream);
-  CUDA_CHECK_LAUNCH();
+  launch_plain(y, y_is_fp32, x, W, n, in_features, out_features, plan, stream);
 }
 
 int linear_wgmma_clusters_per_wave(const LinearWgmmaPlan& plan) { return clusters_per_wave(plan); }
