@@ -398,10 +398,39 @@ CudaCommunicator::CudaCommunicator(std::vector<int> devices, int64_t max_elems, 
       // The memsets ran on the legacy default stream, which the ranks' non-blocking streams do not wait for.
       CUDA_CHECK(cudaDeviceSynchronize());
     }
+    warm_up();
     if (max_blocks_ < 1) fail("CudaCommunicator: ", world, " ranks' collectives do not fit on their GPUs at once");
   } catch (...) {
     release();
     throw;
+  }
+}
+
+// Runs each kernel once per device, alone, as a one-rank group over this rank's own flags (nothing to
+// wait for), then clears the flags and counters again. Whatever the driver does lazily at a kernel's
+// first launch happens now, on an idle device: loading it if cudaFuncGetAttributes did not, and
+// reserving local memory for its frame (report_timeout's printf needs a stack), which may wait for the
+// whole device. Left to the first collective, that wait would be for a peer's spinning kernel.
+void CudaCommunicator::warm_up() {
+  if (collectives_ != Collectives::kSpin) return;
+  DeviceGuard guard;
+  for (size_t r = 0; r < devices_.size(); r++) {
+    guard.set(devices_[r]);
+    Flags f{};
+    f.slots[0] = flags_[r];
+    f.counters = counters_[r];
+    f.rank = 0, f.world = 1;
+    f.timeout_ns = spin_timeout_ns_;
+    AllReduceArgs reduce{};  // n = 0: nothing to add
+    GatherArgs gather{};     // 0 rows: nothing to copy
+    all_reduce_kernel<<<1, kThreads>>>(f, reduce);
+    CUDA_CHECK_LAUNCH();
+    gather_kernel<<<1, kThreads>>>(f, gather);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemset(flags_[r], 0, kFlagSlots * sizeof(uint32_t)));
+    CUDA_CHECK(cudaMemset(counters_[r], 0, kMaxBlocks * sizeof(uint32_t)));
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
 }
 

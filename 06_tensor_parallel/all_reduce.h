@@ -63,8 +63,8 @@ namespace nanovllm {
 //     device.
 //   - kSpin, ranks that share a GPU: create their streams with cudaStreamNonBlocking, and while a peer may
 //     be inside a collective, call nothing that waits for the whole device (cudaDeviceSynchronize,
-//     cudaFree, work on the legacy default stream) or that may (the first launch of a kernel under lazy
-//     module loading: load kernels before, or set CUDA_MODULE_LOADING=EAGER). Such a call waits for the
+//     cudaFree, work on the legacy default stream) or that may (the first launch of a kernel: the
+//     driver may load it or grow the local memory for it; the constructor runs its own kernels once, alone). Such a call waits for the
 //     peer's spinning kernel, which waits for this rank: a deadlock, broken only by the spin timeout.
 // A kSpin kernel that waits longer than spin_timeout_s for a peer prints which barrier, rank and block,
 // then traps: the CUDA context is lost, the next CUDA call of every rank fails, nothing hangs. A kEvents
@@ -116,6 +116,7 @@ class CudaCommunicator {
 
  private:
   void release() noexcept;
+  void warm_up();  // each kernel once per device, alone, before any rank can spin (all_reduce.cu)
   // v1, all_reduce_events.cu: the same contracts as all_reduce and gather, arguments already checked,
   // n > 0 and N > 1, devices[rank] current.
   void all_reduce_events(int rank, bf16* const* x, int64_t n, cudaStream_t stream);
