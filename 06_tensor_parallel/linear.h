@@ -108,7 +108,7 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 
 // ---------------------------------------------------------------------------------------------------
 // CUDA: y (n, out) = x (n, in) @ W (out, in)^T with x and W bf16 (rows contiguous), fp32 accumulation,
-// y bf16 (activations) or fp32 (logits). Six versions, each tested against linear_cpu (prediction and
+// y bf16 (activations) or fp32 (logits). Seven versions, each tested against linear_cpu (prediction and
 // measurement in 04_model_runner/NOTES.md):
 //   v1  linear_cuda        one cublasGemmEx call, cuBLAS's default algorithm    (linear_cuda.cpp)
 //   v2  linear_gemv_cuda   our kernel for n <= 16: the weights streamed once     (linear_gemv.cu)
@@ -128,7 +128,9 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows (kWgmmaNarrowRows
 //                        for a projection with at most kWgmmaNarrowOut outputs) where it runs
-//                        (linear_wgmma_available; cuBLAS elsewhere): the default, the fastest measured
+//                        (linear_wgmma_available; cuBLAS elsewhere), and the MLP's gate_up with its
+//                        SiLU in one kernel (v2, v5 or v6) up to kWgmmaFasterRows (CudaLinear::fuses_silu):
+//                        the default, the fastest measured
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
@@ -160,6 +162,13 @@ constexpr int kGemvFasterRows = 1;
 bool linear_gemv_fits(const bf16* x, const bf16* W, int n, int in_features);
 void linear_gemv_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                       int out_features, cudaStream_t stream);
+// v2 with the MLP's activation in its ending: y (n, out_features / 2) bf16 = silu(gate) * up of the
+// projection's output (n, out_features) = [gate | up], each rounded to bf16 first: the same bits as
+// linear_gemv_cuda followed by silu_and_mul_cuda (04_model_runner/layers.h), in one kernel, so that a
+// decode step at one row has one dependent kernel less per layer. Needs what v2 needs and an even
+// out_features.
+void linear_gemv_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                           cudaStream_t stream);
 
 // v4: our tensor-core GEMM with 64 x 64 tiles and split-K (linear_split_k.cu), for the decode batches
 // where cuBLAS's large tiles leave most SMs idle. splits blocks per output tile each add up a range of
@@ -187,6 +196,11 @@ int linear_gemv_mma_splits(int n, int in_features, int out_features, size_t work
 constexpr int kGemvMmaFasterRows = 8;
 void linear_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                           int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// v5 with the MLP's activation in its ending, as linear_gemv_silu_cuda: the same bits as linear_gemv_mma_cuda
+// followed by silu_and_mul_cuda. Only where v5 would not split the in_features (linear_gemv_mma_splits is
+// 1: Qwen3-0.6B's gate_up); elsewhere it queues nothing and returns false.
+bool linear_gemv_mma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                               size_t workspace_bytes, cudaStream_t stream);
 
 // v6: our GEMM on Hopper's warpgroup tensor cores (wgmma; linear_wgmma.cu) for the decode batches where
 // cuBLAS streams the weights at a third of the copy bandwidth: a block's tile is as tall as the batch (up
@@ -332,11 +346,13 @@ class CudaLinear {
   // Whether n rows of the model's projections run fused, in v7 (version 7, n <= kPrefetchFasterRows, a GPU
   // that has it): the backend's rmsnorm_linear, linear_add and silu_linear_add then call linear_prefetch_cuda.
   bool fuses(int n) const { return version_ >= 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
-  // Whether n rows of the MLP's gate_up projection take its activation into their kernel (v6's rows, where v6
-  // runs); run_silu is then that kernel, y (n, out_features / 2) = silu(gate) * up. run_silu returns false,
-  // queuing nothing, where it does not fuse (the caller then runs the projection and silu_and_mul).
+  // Whether n rows of the MLP's gate_up projection may take its activation into their kernel (version 6 or
+  // more: v2's and v5's rows, and v6's where v6 runs); run_silu is then that kernel, y (n, out_features / 2)
+  // = silu(gate) * up. run_silu returns false, queuing nothing, where it does not fuse (the caller then runs
+  // the projection and silu_and_mul).
   bool fuses_silu(int n) const {
-    return version_ >= 6 && n > kGemvMmaFasterRows && n <= kWgmmaFasterRows && linear_wgmma_available();
+    if (version_ < 6 || n < 1) return false;
+    return n <= kGemvMmaFasterRows || (n <= kWgmmaFasterRows && linear_wgmma_available());
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 

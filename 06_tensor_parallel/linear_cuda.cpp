@@ -62,7 +62,15 @@ bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features
 }
 
 bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
-  if (!fuses_silu(n) || out_features % 2 != 0 || !runs_wgmma(x, W, n, in_features, out_features)) return false;
+  if (!fuses_silu(n) || out_features % 2 != 0) return false;
+  if (n <= kGemvFasterRows) {  // v2's rows, as run
+    if (!linear_gemv_fits(x, W, n, in_features)) return false;
+    linear_gemv_silu_cuda(y, x, W, n, in_features, out_features, stream_);
+    return true;
+  }
+  if (n <= kGemvMmaFasterRows)  // v5's rows, as run: false where v5 would split
+    return linear_gemv_mma_silu_cuda(y, x, W, n, in_features, out_features, workspace_bytes_, stream_);
+  if (!runs_wgmma(x, W, n, in_features, out_features)) return false;
   linear_wgmma_silu_cuda(y, x, W, n, in_features, out_features, stream_);
   return true;
 }

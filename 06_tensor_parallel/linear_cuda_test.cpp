@@ -64,6 +64,48 @@ struct CudaContext {
   }
 };
 
+// The MLP's gate_up with its activation in the ending: y (n, out / 2) bf16 = silu(gate) * up by `silu_project`,
+// against the spec (linear_cpu, rounded to bf16 as the GPU stores it, then silu_and_mul) and against
+// `project`, the same kernel's plain projection, with the activation applied on the CPU: the same gate and
+// up bits, so only the exponential (__expf on the GPU) and the final rounding may differ, by one bf16 step.
+using SiluProject = std::function<void(bf16* y, const bf16* x, const bf16* W, Shape s)>;
+void expect_silu_matches(const SiluProject& silu_project, const Project& project, Shape s, cudaStream_t stream,
+                         std::mt19937& rng, const std::string& label) {
+  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
+  const auto silu_and_mul = [](const std::vector<float>& gate_up, int n, int inter) {
+    std::vector<float> act(size_t(n) * inter);  // silu_and_mul_cpu of 04_model_runner, written out
+    for (int m = 0; m < n; m++)
+      for (int j = 0; j < inter; j++) {
+        const float g = gate_up[size_t(m) * 2 * inter + j], u = gate_up[size_t(m) * 2 * inter + inter + j];
+        act[size_t(m) * inter + j] = g / (1.0f + std::exp(-g)) * u;
+      }
+    return act;
+  };
+  const int inter = s.out / 2;
+  const std::string what = label + " " + name(s);
+  std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng);
+  std::vector<float> w = random_bf16_values(size_t(s.out) * s.in, rng, 2.0f / std::sqrt(float(s.in)));
+  std::vector<float> gate_up(size_t(s.n) * s.out);
+  linear_cpu(gate_up.data(), x.data(), w.data(), s.n, s.in, s.out);
+  const std::vector<float> want = round_bf16(silu_and_mul(round_bf16(gate_up), s.n, inter));
+  DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y(want.size() + size_t(inter)), d_gate_up(size_t(s.n) * s.out);
+  d_y.poison();  // + a guard row, which must stay NaN
+  CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+  silu_project(d_y.ptr, d_x.ptr, d_w.ptr, s);
+  project(d_gate_up.ptr, false, d_x.ptr, d_w.ptr, s);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> got = to_float(d_y.get());
+  for (size_t i = want.size(); i < got.size(); i++)
+    ASSERT_TRUE(std::isnan(got[i])) << what << ": wrote past its output, element " << i;
+  got.resize(want.size());
+  EXPECT_LE(rel_error(got, want), 1e-2) << what;
+  const std::vector<float> own = round_bf16(silu_and_mul(to_float(d_gate_up.get()), s.n, inter));
+  int off = 0;
+  for (size_t i = 0; i < own.size(); i++)
+    if (std::fabs(got[i] - own[i]) > std::fabs(own[i]) * (1.0f / 128) + 1e-30f) off++;
+  EXPECT_EQ(off, 0) << what << ": outputs more than one bf16 step from its own projection + SiLU";
+}
+
 }  // namespace
 
 TEST(Ch06_LinearCuda, MatchesCpu) {  // v1, cublasGemmEx
@@ -235,48 +277,50 @@ TEST(Ch06_LinearCuda, WgmmaWithSiluMatchesCpuAndItsOwnProjection) {  // v6, the 
   if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
   std::mt19937 rng(16);
   CudaContext ctx;
-  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
-  const auto silu_and_mul = [](const std::vector<float>& gate_up, int n, int inter) {
-    std::vector<float> act(size_t(n) * inter);  // silu_and_mul_cpu of 04_model_runner, written out
-    for (int m = 0; m < n; m++)
-      for (int j = 0; j < inter; j++) {
-        const float g = gate_up[size_t(m) * 2 * inter + j], u = gate_up[size_t(m) * 2 * inter + inter + j];
-        act[size_t(m) * inter + j] = g / (1.0f + std::exp(-g)) * u;
-      }
-    return act;
+  const SiluProject v6_silu = [&](bf16* y, const bf16* x, const bf16* W, Shape s) {
+    linear_wgmma_silu_cuda(y, x, W, s.n, s.in, s.out, ctx.stream);
+  };
+  const Project v6 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    linear_wgmma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
   // Qwen3-0.6B's gate_up (split over a cluster or not, by rows), a tiny model's (one stage), ragged halves
   // (33 and 145 features: a last tile whose gate box runs into the up rows, and an up box past W's end).
   for (int n : {9, 17, 40, 48, 64, 129})
+    for (Shape s : {Shape{n, 1024, 6144}, Shape{n, 64, 256}, Shape{n, 200, 66}, Shape{n, 96, 290}})
+      expect_silu_matches(v6_silu, v6, s, ctx.stream, rng, "v6 + silu");
+}
+
+TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5, the activation in the ending
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  CudaContext ctx;
+  const SiluProject v2_silu = [&](bf16* y, const bf16* x, const bf16* W, Shape s) {
+    linear_gemv_silu_cuda(y, x, W, s.n, s.in, s.out, ctx.stream);
+  };
+  const Project v2 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    linear_gemv_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
+  };
+  const SiluProject v5_silu = [&](bf16* y, const bf16* x, const bf16* W, Shape s) {
+    ASSERT_TRUE(linear_gemv_mma_silu_cuda(y, x, W, s.n, s.in, s.out, ctx.workspace.n, ctx.stream)) << name(s);
+  };
+  const Project v5 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
+  };
+  // Qwen3-0.6B's gate_up, a tiny model's, ragged halves (33 features: a warp / block past the last one;
+  // 145: a last block of v5 with one feature), an in_features that is not a multiple of a round.
+  for (int n : {1, 2, 3, 8, 16})
     for (Shape s : {Shape{n, 1024, 6144}, Shape{n, 64, 256}, Shape{n, 200, 66}, Shape{n, 96, 290}}) {
-      const int inter = s.out / 2;
-      const std::string what = "v6 + silu " + name(s);
-      std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng);
-      std::vector<float> w = random_bf16_values(size_t(s.out) * s.in, rng, 2.0f / std::sqrt(float(s.in)));
-      // The spec: the projection on the CPU, rounded to bf16 as the GPU stores it, then the activation.
-      std::vector<float> gate_up(size_t(s.n) * s.out);
-      linear_cpu(gate_up.data(), x.data(), w.data(), s.n, s.in, s.out);
-      const std::vector<float> want = round_bf16(silu_and_mul(round_bf16(gate_up), s.n, inter));
-      DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y(want.size() + size_t(inter)),
-          d_gate_up(size_t(s.n) * s.out);
-      d_y.poison();  // + a guard row, which must stay NaN
-      CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
-      linear_wgmma_silu_cuda(d_y.ptr, d_x.ptr, d_w.ptr, s.n, s.in, s.out, ctx.stream);
-      linear_wgmma_cuda(d_gate_up.ptr, false, d_x.ptr, d_w.ptr, s.n, s.in, s.out, ctx.stream);
-      CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
-      std::vector<float> got = to_float(d_y.get());
-      for (size_t i = want.size(); i < got.size(); i++)
-        ASSERT_TRUE(std::isnan(got[i])) << what << ": wrote past its output, element " << i;
-      got.resize(want.size());
-      EXPECT_LE(rel_error(got, want), 1e-2) << what;
-      // Against v6's own projection with the activation applied on the CPU: the same gate and up bits, so
-      // only the exponential (__expf on the GPU) and the final rounding may differ, by one bf16 step at most.
-      const std::vector<float> own = round_bf16(silu_and_mul(to_float(d_gate_up.get()), s.n, inter));
-      int off = 0;
-      for (size_t i = 0; i < own.size(); i++)
-        if (std::fabs(got[i] - own[i]) > std::fabs(own[i]) * (1.0f / 128) + 1e-30f) off++;
-      EXPECT_EQ(off, 0) << what << ": outputs more than one bf16 step from v6's projection + SiLU";
+      expect_silu_matches(v2_silu, v2, s, ctx.stream, rng, "v2 + silu");
+      expect_silu_matches(v5_silu, v5, s, ctx.stream, rng, "v5 + silu");
     }
+  // Where v5 would split the in_features (few outputs, many in_features), it does not fuse: nothing is queued.
+  ASSERT_GT(linear_gemv_mma_splits(4, 4096, 256, ctx.workspace.n), 1);
+  DeviceArray<bf16> x{size_t(4) * 4096}, W{size_t(256) * 4096}, y{size_t(4) * 128};
+  EXPECT_FALSE(linear_gemv_mma_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 256, ctx.workspace.n, ctx.stream));
+  // An odd out_features has no halves.
+  EXPECT_THROW(linear_gemv_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 255, ctx.stream), Error);
+  EXPECT_FALSE(linear_gemv_mma_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 255, ctx.workspace.n, ctx.stream));
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
 TEST(Ch06_LinearCuda, PrefetchPlansABlockPerSmWithinItsSharedMemory) {  // host logic only: no GPU needed

@@ -40,16 +40,22 @@ constexpr int kUnroll = 4;     // 32-wide k blocks each warp loads before it mul
 // Block (output group, split): outputs o0 = 16 * blockIdx.x .. o0 + 15, in_features of split blockIdx.y
 // (k_per_split of them, a multiple of 32). X_TILES = 1 for n <= 8 rows of x, 2 for n <= 16.
 // splits == 1: y (n, out); splits > 1: partial[split] (n, out) fp32.
-template <int X_TILES, class OutT>
+// SILU (the MLP's gate_up with its activation in the ending; splits == 1): block b takes features
+// j0 = 8 b .. j0 + 7 of out / 2, and the mma's rows g and g + 8 are gate row j0 + g and up row
+// out / 2 + j0 + g, so lane (g, t4) ends with one feature's gate (c0, c1) and up (c2, c3) of the same x
+// rows. It writes y (n, out / 2) bf16 = silu(gate) * up, each rounded to bf16 first as the projection
+// would store it: the bits of this kernel's projection followed by silu_and_mul_kernel.
+template <int X_TILES, class OutT, bool SILU = false>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     linear_gemv_mma_kernel(OutT* y, float* partial, const bf16* x, const bf16* W, int n, int in, int out,
                            int k_per_split) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int o0 = 16 * blockIdx.x, split = blockIdx.y;
+  const int half = out / 2;
+  const int o0 = (SILU ? 8 : 16) * blockIdx.x, split = blockIdx.y;
   const int k_begin = split * k_per_split, k_end = min(in, k_begin + k_per_split);
-  const bool row_lo = o0 + g < out, row_hi = o0 + g + 8 < out;
+  const bool row_lo = SILU ? o0 + g < half : o0 + g < out, row_hi = SILU ? row_lo : o0 + g + 8 < out;
   const bf16* w_lo = W + int64_t(o0 + g) * in;
-  const bf16* w_hi = W + int64_t(o0 + g + 8) * in;
+  const bf16* w_hi = W + int64_t(SILU ? half + o0 + g : o0 + g + 8) * in;
 
   // Overlapped launch: the weights are nobody's output, so ask L2 for this warp's first weight lines
   // before waiting for the kernel that writes x.
@@ -99,18 +105,32 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int e = 0; e < 4; e++) part[warp][lane][4 * t + e] = acc[t][e];
   __syncthreads();  // every warp's accumulators are in shared memory before warp 0 adds them
   if (warp != 0) return;
-  const bool direct = gridDim.y == 1;
+  if constexpr (SILU) {
 #pragma unroll
-  for (int t = 0; t < X_TILES; t++)
+    for (int t = 0; t < X_TILES; t++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float sum = 0.0f;
-      for (int w = 0; w < kGemvWarps; w++) sum += part[w][lane][4 * t + e];
-      const int o = o0 + g + 8 * (e / 2), row = 8 * t + 2 * t4 + e % 2;
-      if (o >= out || row >= n) continue;
-      if (direct) store_float(y + int64_t(row) * out + o, sum);
-      else partial[(int64_t(split) * n + row) * out + o] = sum;
-    }
+      for (int e = 0; e < 2; e++) {  // e: the gate, e + 2: the up of feature o0 + g, x row 8 t + 2 t4 + e
+        float gate = 0.0f, up = 0.0f;
+        for (int w = 0; w < kGemvWarps; w++) gate += part[w][lane][4 * t + e], up += part[w][lane][4 * t + e + 2];
+        const int j = o0 + g, row = 8 * t + 2 * t4 + e;
+        if (j >= half || row >= n) continue;
+        store_float(y + int64_t(row) * half + j,
+                    silu_times(__bfloat162float(__float2bfloat16(gate)), __bfloat162float(__float2bfloat16(up))));
+      }
+  } else {
+    const bool direct = gridDim.y == 1;
+#pragma unroll
+    for (int t = 0; t < X_TILES; t++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float sum = 0.0f;
+        for (int w = 0; w < kGemvWarps; w++) sum += part[w][lane][4 * t + e];
+        const int o = o0 + g + 8 * (e / 2), row = 8 * t + 2 * t4 + e % 2;
+        if (o >= out || row >= n) continue;
+        if (direct) store_float(y + int64_t(row) * out + o, sum);
+        else partial[(int64_t(split) * n + row) * out + o] = sum;
+      }
+  }
 }
 
 template <int X_TILES, class OutT>
@@ -151,6 +171,24 @@ void linear_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W,
   }
   CUDA_CHECK_LAUNCH();
   if (splits > 1) add_partials_cuda(y, y_is_fp32, partials, int64_t(n) * out_features, splits, stream);
+}
+
+bool linear_gemv_mma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                               size_t workspace_bytes, cudaStream_t stream) {
+  if (!linear_gemv_fits(x, W, n, in_features) || out_features % 2 != 0 ||
+      linear_gemv_mma_splits(n, in_features, out_features, workspace_bytes) != 1)
+    return false;
+  if (out_features == 0) return true;
+  const int half = out_features / 2;
+  const dim3 grid{unsigned((half + 7) / 8), 1u, 1u};  // 8 features (16 weight rows) a block
+  if (n <= 8)
+    launch_overlapped(linear_gemv_mma_kernel<1, bf16, true>, grid, kGemvWarps * 32, 0, stream, y, nullptr, x, W, n,
+                      in_features, out_features, in_features);
+  else
+    launch_overlapped(linear_gemv_mma_kernel<2, bf16, true>, grid, kGemvWarps * 32, 0, stream, y, nullptr, x, W, n,
+                      in_features, out_features, in_features);
+  CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 }  // namespace nanovllm

@@ -217,6 +217,34 @@ TEST(E2E_Gpu, WgmmaProjectionsWithTheirSiluMatchTransformers) {
       GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
 }
 
+TEST(E2E_Gpu, GemvProjectionsWithTheirSiluMatchTransformers) {
+  // The default linear version from 1 to 8 rows: v2 (one row) and v5 (2-8) with the MLP's activation in the
+  // gate_up projection's ending (06_tensor_parallel/linear_gemv.cu, linear_gemv_mma.cu). One prompt at a time
+  // (every decode step one row), then the 8 golden prompts together (8 rows, fewer as they finish), under
+  // graphs and eager.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    ASSERT_LE(g.prompts.size(), 8u) << "the batch must stay in v5's rows";
+    for (bool eager : {false, true}) {
+      EngineConfig c = gpu_config(model);
+      c.enforce_eager = eager;
+      LLMEngine engine(c);
+      bool fuses = false;
+      engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
+        fuses = b->fuses_linear_silu(1) && b->fuses_linear_silu(int64_t(g.prompts.size()));
+        return b;
+      });
+      ASSERT_TRUE(fuses) << "the default linear version fuses the SiLU from 1 to 8 rows";
+      const std::string what = model + (eager ? " eager" : " graphs");
+      std::vector<GenerateOutput> outputs;
+      for (const auto& prompt : g.prompts) outputs.push_back(engine.generate({prompt}, {greedy(24)})[0]);
+      expect_golden_greedy(g, outputs, what + ", one prompt at a time");
+      expect_golden_greedy(g, engine.generate(g.prompts, {greedy(24)}), what + ", the prompts together");
+    }
+  }
+}
+
 TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   // Above 48 rows v6 runs the projections with few outputs (06_tensor_parallel/linear.h, kWgmmaNarrowOut:
   // every projection of the tiny models) up to kWgmmaNarrowRows (64), with the plans for many rows
