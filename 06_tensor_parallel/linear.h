@@ -129,7 +129,7 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows (kWgmmaNarrowRows
 //                        for a projection with at most kWgmmaNarrowOut outputs) where it runs
 //                        (linear_wgmma_available; cuBLAS elsewhere), and the MLP's gate_up with its
-//                        SiLU in one kernel (v2, v5 or v6) up to kWgmmaFasterRows (CudaLinear::fuses_silu):
+//                        SiLU in one kernel (v2, v5 or v6) up to kWgmmaSiluRows (CudaLinear::fuses_silu):
 //                        the default, the fastest measured
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
@@ -220,7 +220,8 @@ struct LinearWgmmaPlan {
 // in_features deep) that give 132 blocks. Above: 2 warpgroups up to 128 rows and row tiles of one
 // warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB block alone on its
 // SM), 64 outputs a block up to 128 rows and 128 beyond, and the fewest splits (at most 6) that give 96
-// blocks: what the sweep of kWgmmaNarrowRows found fastest for o_proj and down_proj. Either way the
+// blocks for a projection with at most kWgmmaNarrowOut outputs, 288 for a wider one: what the sweeps of
+// kWgmmaNarrowRows and kWgmmaSiluRows found fastest (o_proj and down_proj; gate_up). Either way the
 // clusters must fit in one wave: clusters_per_wave(plan) says how many clusters of plan.splits blocks of
 // that block shape the GPU holds at once (linear_wgmma_cuda asks the CUDA occupancy calculator).
 LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
@@ -242,6 +243,13 @@ constexpr int kWgmmaFasterRows = 48;
 // down_proj in 4.9-6.6 against 7.1-7.6. In the decode step that held at 64 rows only (2.868-2.883 ms
 // against 2.908-2.919), not from 96 on (0.0-0.05 ms slower at 96-192).
 constexpr int kWgmmaNarrowOut = 2048, kWgmmaNarrowRows = 64;
+// ...and, up to kWgmmaSiluRows, for the MLP's gate_up projection with its SiLU in the ending (CudaLinear::
+// run_silu), which saves silu_and_mul's kernel: with the plans above 48 rows (288 blocks for its 96 output
+// tiles of 64: 3 splits at 64 rows) the decode step at batch 64 took 2.866 / 2.867 ms against 2.89 / 2.904
+// with cuBLAS and silu_and_mul, 96 3.851 / 3.843 against 3.872 / 3.844, 128 4.683 / 4.695 against 4.727 /
+// 4.707 (04_model_runner/NOTES.md, section 2). The plain projections with many outputs (qkv) stay on
+// cuBLAS above 48 rows: v6 ran them slower (batch 64: 2.920 / 2.926 ms).
+constexpr int kWgmmaSiluRows = 128;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
 // The same with a plan of one's own (the plan sweep, tests/linear_sweep.cpp): 1, 2 or 4 warpgroups, 64 or
@@ -347,20 +355,20 @@ class CudaLinear {
   // that has it): the backend's rmsnorm_linear, linear_add and silu_linear_add then call linear_prefetch_cuda.
   bool fuses(int n) const { return version_ >= 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
   // Whether n rows of the MLP's gate_up projection may take its activation into their kernel (version 6 or
-  // more: v2's and v5's rows, and v6's where v6 runs); run_silu is then that kernel, y (n, out_features / 2)
+  // more: v2's and v5's rows, and v6's up to kWgmmaSiluRows); run_silu is then that kernel, y (n, out_features / 2)
   // = silu(gate) * up. run_silu returns false, queuing nothing, where it does not fuse (the caller then runs
   // the projection and silu_and_mul).
   bool fuses_silu(int n) const {
     if (version_ < 6 || n < 1) return false;
-    return n <= kGemvMmaFasterRows || (n <= kWgmmaFasterRows && linear_wgmma_available());
+    return n <= kGemvMmaFasterRows || (n <= kWgmmaSiluRows && linear_wgmma_available());
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 
  private:
-  // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to kWgmmaFasterRows (or
-  // kWgmmaNarrowRows for a narrow projection), a layer projection (not the LM head), and a GPU and
-  // operands v6 can take.
-  bool runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features) const;
+  // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to max_rows, a layer
+  // projection (not the LM head), and a GPU and operands v6 can take. run passes kWgmmaFasterRows (or
+  // kWgmmaNarrowRows for a narrow projection), run_silu kWgmmaSiluRows.
+  bool runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features, int max_rows) const;
 
   cublasHandle_t cublas_;
   cudaStream_t stream_;

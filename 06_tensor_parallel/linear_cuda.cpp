@@ -33,7 +33,8 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
 
 void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (n == 0) return;
-  if (runs_wgmma(x, W, n, in_features, out_features)) {
+  if (runs_wgmma(x, W, n, in_features, out_features,
+                 out_features <= kWgmmaNarrowOut ? kWgmmaNarrowRows : kWgmmaFasterRows)) {
     linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;
   }
@@ -55,8 +56,8 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
 }
 
-bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features) const {
-  const int max_rows = out_features <= kWgmmaNarrowOut ? kWgmmaNarrowRows : kWgmmaFasterRows;
+bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                            int max_rows) const {
   return version_ >= 6 && n > kGemvMmaFasterRows && n <= max_rows && out_features <= kWgmmaMaxOut &&
          linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available();
 }
@@ -70,7 +71,7 @@ bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_f
   }
   if (n <= kGemvMmaFasterRows)  // v5's rows, as run: false where v5 would split
     return linear_gemv_mma_silu_cuda(y, x, W, n, in_features, out_features, workspace_bytes_, stream_);
-  if (!runs_wgmma(x, W, n, in_features, out_features)) return false;
+  if (!runs_wgmma(x, W, n, in_features, out_features, kWgmmaSiluRows)) return false;
   linear_wgmma_silu_cuda(y, x, W, n, in_features, out_features, stream_);
   return true;
 }

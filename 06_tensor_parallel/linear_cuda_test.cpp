@@ -197,9 +197,11 @@ TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
 }
 
 TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only: no GPU needed
-  auto expect_plan = [](int n, int in, int out, int warpgroups, int block_out, int splits, int k_tiles_per_split) {
-    // As many clusters at once as 132 SMs hold with one block each.
-    const LinearWgmmaPlan p = linear_wgmma_plan(n, in, out, [](const LinearWgmmaPlan& q) { return 132 / q.splits; });
+  auto expect_plan = [](int n, int in, int out, int warpgroups, int block_out, int splits, int k_tiles_per_split,
+                        int blocks_per_sm = 1) {
+    // As many clusters at once as 132 SMs hold with blocks_per_sm blocks each.
+    const LinearWgmmaPlan p =
+        linear_wgmma_plan(n, in, out, [&](const LinearWgmmaPlan& q) { return 132 * blocks_per_sm / q.splits; });
     EXPECT_EQ(p.warpgroups, warpgroups) << n << "x" << in << "->" << out;
     EXPECT_EQ(p.block_out, block_out) << n << "x" << in << "->" << out;
     EXPECT_EQ(p.splits, splits) << n << "x" << in << "->" << out;
@@ -208,12 +210,15 @@ TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only
   expect_plan(16, 1024, 4096, 1, 128, 4, 4);  // qkv: 32 tiles of 128; ceil(132 / 32) = 5 splits of 16 stages
                                               // is 4 deep, so 4 splits do
   expect_plan(16, 2048, 1024, 1, 64, 8, 4);   // o_proj: 8 tiles of 128 are too few, 16 of 64; 8 splits at most
-  // Above 48 rows: 2 warpgroups up to 128 rows, then row tiles of one; 96 blocks, at most 6 splits.
+  // Above 48 rows: 2 warpgroups up to 128 rows, then row tiles of one; 96 blocks (288 for more than 2,048
+  // outputs), at most 6 splits.
   expect_plan(64, 2048, 1024, 1, 64, 6, 6);   // o_proj: 16 tiles, 6 splits of 32 stages (the last one short)
   expect_plan(128, 3072, 1024, 2, 64, 6, 8);  // down_proj: 2 warpgroups, 48 stages over 6 splits
   expect_plan(192, 3072, 1024, 1, 128, 4, 12); // 3 row tiles x 8 of 128 outputs: 24 tiles, 4 splits
   expect_plan(256, 3072, 1024, 1, 128, 3, 16); // 4 row tiles: 32 tiles, 3 splits
-  expect_plan(100, 1024, 6144, 2, 64, 1, 16); // gate_up: 96 tiles of 64 outputs already, no split
+  expect_plan(100, 1024, 6144, 2, 64, 1, 16); // gate_up: 96 tiles of 64; 2 splits would not fit one wave
+  expect_plan(64, 1024, 6144, 1, 64, 3, 6, 3);   // 3 blocks an SM: 3 splits (288 blocks), the last one short
+  expect_plan(128, 1024, 6144, 2, 64, 2, 8, 2);  // 2 blocks an SM: 3 splits would not fit one wave, 2 do
   expect_plan(300, 1024, 4096, 1, 128, 1, 16); // 5 row tiles x 32: no split
   expect_plan(64, 96, 290, 1, 64, 1, 2);      // two stages: too shallow to split
   expect_plan(16, 1024, 151936, 1, 128, 1, 16);  // the LM head: 1,187 tiles, no split

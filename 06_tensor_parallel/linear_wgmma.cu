@@ -2,9 +2,9 @@
 // tensor cores (wgmma, sm_90a) fed by its copy engine (TMA): written for the decode batches of 9 to 512
 // rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 a decode
 // step is 4-9% faster with it from 9 to 16 rows, as fast at 24-32, 3% faster at 48 and slower from 64 on
-// (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows), and
-// up to 64 for the projections with few outputs (kWgmmaNarrowRows): the book's Hopper GEMM, and the
-// starting point of a faster one.
+// (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows), up
+// to 64 for the projections with few outputs (kWgmmaNarrowRows) and up to 128 for gate_up with its SiLU
+// (kWgmmaSiluRows): the book's Hopper GEMM, and the starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
@@ -429,11 +429,12 @@ LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
     // taken when there are at least 16 of them (qkv and gate_up; o_proj and down_proj have 8).
     plan.block_out = (out_features + 127) / 128 >= 16 ? 128 : 64;
   } else {
-    // What the sweep found fastest for the narrow projections (linear.h, kWgmmaNarrowRows): the plan's
-    // first version gave 4 warpgroups and splits of 8 here, and lost to cuBLAS by 10-25%.
+    // What the sweeps found fastest for the narrow projections (linear.h, kWgmmaNarrowRows: the plan's
+    // first version gave 4 warpgroups and splits of 8 here, and lost to cuBLAS by 10-25%) and for gate_up
+    // (kWgmmaSiluRows: more blocks, about two an SM, for its 96 output tiles).
     plan.warpgroups = n <= 128 ? (n + 63) / 64 : 1;
     plan.block_out = n <= 128 ? 64 : 128;
-    target_blocks = 96, max_splits = 6;
+    target_blocks = out_features <= kWgmmaNarrowOut ? 96 : 288, max_splits = 6;
   }
   const int row_tiles = (n + 64 * plan.warpgroups - 1) / (64 * plan.warpgroups);
   const int tiles = (out_features + plan.block_out - 1) / plan.block_out * row_tiles;

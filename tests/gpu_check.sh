@@ -9,7 +9,7 @@
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
 #              beside the default (6: v6 from 9 to 48 rows, o_proj and down_proj to 64, and
-#              gate_up's SiLU in its kernel from 1 to 48) and, up to batch 4, v7's
+#              gate_up's SiLU in its kernel from 1 to 128) and, up to batch 4, v7's
 #              fused projections (7)
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid

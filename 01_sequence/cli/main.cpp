@@ -86,7 +86,7 @@ const char* const kEngineOptionsHelp =
     "                default: each phase's fastest) --linear-version N (1-7: chapter 06's projections on the\n"
     "                GPU, 1 cuBLAS only, 2 + our GEMV for one row, 3 + timed cuBLASLt, 4 + our split-K GEMM,\n"
     "                5 + our tensor-core GEMV for 2-8 rows, 6 = 5 + our wgmma GEMM for 9-48 rows (o_proj and\n"
-    "                down_proj: 9-64) on sm_90, and gate_up's SiLU inside its kernel for 1-48 rows\n"
+    "                down_proj: 9-64) on sm_90, and gate_up's SiLU inside its kernel for 1-128 rows\n"
     "                (the default), 7 = 6 + at one row the norms, SiLU and residual adds inside them)\n"
     "                --seed S --trace\n"
     "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
