@@ -215,16 +215,17 @@ struct LinearWgmmaPlan {
   int splits = 1;             // blocks (one cluster) per output tile, 1-8
   int k_tiles_per_split = 1;  // stages of 64 in_features per split
 };
-// The plan for a shape. Up to kWgmmaFasterRows rows: one warpgroup, 128 outputs a block when that still
-// gives 16 tiles (64 otherwise), and the fewest splits (at most 8, each at least two stages of 64
-// in_features deep) that give 132 blocks. Above: 2 warpgroups up to 128 rows and row tiles of one
-// warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB block alone on its
-// SM), 64 outputs a block up to 128 rows and 128 beyond, and the fewest splits (at most 6) that give 96
-// blocks for a projection with at most kWgmmaNarrowOut outputs, 288 for a wider one: what the sweeps of
-// kWgmmaNarrowRows and kWgmmaSiluRows found fastest (o_proj and down_proj; gate_up). Either way the
-// clusters must fit in one wave: clusters_per_wave(plan) says how many clusters of plan.splits blocks of
-// that block shape the GPU holds at once (linear_wgmma_cuda asks the CUDA occupancy calculator).
-LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
+// The plan for a shape on a GPU of `multiprocessors` SMs. Up to kWgmmaFasterRows rows: one warpgroup, 128
+// outputs a block when that still gives 16 tiles (64 otherwise), and the fewest splits (at most 8, each at
+// least two stages of 64 in_features deep) that give a block per SM. Above: 2 warpgroups up to 128 rows
+// and row tiles of one warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB
+// block alone on its SM), 64 outputs a block up to 128 rows and 128 beyond, and the fewest splits (at most
+// 6) that give 96 blocks for a projection with at most kWgmmaNarrowOut outputs, 288 for a wider one: what
+// the sweeps of kWgmmaNarrowRows and kWgmmaSiluRows found fastest on the H200's 132 SMs (o_proj and
+// down_proj; gate_up), scaled to the GPU's. Either way the clusters must fit in one wave:
+// clusters_per_wave(plan) says how many clusters of plan.splits blocks of that block shape the GPU holds
+// at once (linear_wgmma_cuda asks the CUDA occupancy calculator).
+LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features, int multiprocessors,
                                   const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave);
 bool linear_wgmma_available();
 // CudaLinear runs v6 for the layer projections only: with an LM head's 151,936 outputs x is reread by

@@ -198,10 +198,10 @@ TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
 
 TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only: no GPU needed
   auto expect_plan = [](int n, int in, int out, int warpgroups, int block_out, int splits, int k_tiles_per_split,
-                        int blocks_per_sm = 1) {
-    // As many clusters at once as 132 SMs hold with blocks_per_sm blocks each.
+                        int blocks_per_sm = 1, int sms = 132) {
+    // As many clusters at once as `sms` SMs hold with blocks_per_sm blocks each.
     const LinearWgmmaPlan p =
-        linear_wgmma_plan(n, in, out, [&](const LinearWgmmaPlan& q) { return 132 * blocks_per_sm / q.splits; });
+        linear_wgmma_plan(n, in, out, sms, [&](const LinearWgmmaPlan& q) { return sms * blocks_per_sm / q.splits; });
     EXPECT_EQ(p.warpgroups, warpgroups) << n << "x" << in << "->" << out;
     EXPECT_EQ(p.block_out, block_out) << n << "x" << in << "->" << out;
     EXPECT_EQ(p.splits, splits) << n << "x" << in << "->" << out;
@@ -222,6 +222,10 @@ TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only
   expect_plan(300, 1024, 4096, 1, 128, 1, 16); // 5 row tiles x 32: no split
   expect_plan(64, 96, 290, 1, 64, 1, 2);      // two stages: too shallow to split
   expect_plan(16, 1024, 151936, 1, 128, 1, 16);  // the LM head: 1,187 tiles, no split
+  // A GPU of 66 SMs: half the blocks. o_proj's 16 tiles: 4 splits (5 would not fit one wave) where 132 SMs
+  // take 8; above 48 rows 48 blocks instead of 96: 3 splits of 11 stages instead of 6 of 6.
+  expect_plan(16, 2048, 1024, 1, 64, 4, 8, 1, 66);
+  expect_plan(64, 2048, 1024, 1, 64, 3, 11, 1, 66);
 }
 
 TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6

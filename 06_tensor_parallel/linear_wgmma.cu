@@ -54,7 +54,7 @@ namespace {
 
 constexpr int kStageIn = 64;       // in_features per pipeline stage: 128 bytes of bf16, one swizzle row
 constexpr int kPipelineMax = 196608;  // bytes of stages a block may hold (of the SM's 227 KB)
-constexpr int kTargetBlocks = 132;    // one block per SM of an H100 / H200
+constexpr int kSweptSms = 132;        // the SMs of the H200 on which the plans above 48 rows were swept
 constexpr int kMaxSplits = 8;         // blocks per cluster: the largest portable cluster
 
 // The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs).
@@ -357,6 +357,12 @@ int clusters_per_wave(const LinearWgmmaPlan& plan) {
   return known[key] = clusters;
 }
 
+// The SMs of the GPU, read once (as clusters_per_wave's answers, for the GPU the process uses).
+int gpu_multiprocessors() {
+  static const int count = multiprocessor_count();
+  return count;
+}
+
 // The tensor map of a (rows, in) bf16 matrix at M for boxes of (box_rows, 64), 128-byte swizzled, zeros
 // past the edges. Encoding one is a driver call (cuTensorMapEncodeTiled, reached through the runtime: no
 // link to the driver library); the maps are kept, by matrix and box, so that an eager decode step does not
@@ -418,11 +424,11 @@ __device__ const int kWgmmaCompiled =
 
 }  // namespace
 
-LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
+LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features, int multiprocessors,
                                   const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave) {
   LinearWgmmaPlan plan;
   const bool many_rows = n > kWgmmaFasterRows;
-  int target_blocks = kTargetBlocks, max_splits = kMaxSplits;
+  int target_blocks = multiprocessors, max_splits = kMaxSplits;  // a block per SM
   if (!many_rows) {
     plan.warpgroups = 1;
     // 128 outputs a block halve x's rereads (once per output tile) against 64, but give half the tiles:
@@ -434,7 +440,7 @@ LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features,
     // (kWgmmaSiluRows: more blocks, about two an SM, for its 96 output tiles).
     plan.warpgroups = n <= 128 ? (n + 63) / 64 : 1;
     plan.block_out = n <= 128 ? 64 : 128;
-    target_blocks = out_features <= kWgmmaNarrowOut ? 96 : 288, max_splits = 6;
+    target_blocks = (out_features <= kWgmmaNarrowOut ? 96 : 288) * multiprocessors / kSweptSms, max_splits = 6;
   }
   const int row_tiles = (n + 64 * plan.warpgroups - 1) / (64 * plan.warpgroups);
   const int tiles = (out_features + plan.block_out - 1) / plan.block_out * row_tiles;
@@ -491,7 +497,7 @@ void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, in
                        int out_features, cudaStream_t stream) {
   check_operands(x, W, n, in_features);  // linear_wgmma_plan's plans need no check: they are built to fit
   launch_plain(y, y_is_fp32, x, W, n, in_features, out_features,
-               linear_wgmma_plan(n, in_features, out_features, clusters_per_wave), stream);
+               linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave), stream);
 }
 
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
@@ -516,7 +522,7 @@ void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in
          "8 == 0, 16-byte aligned x and W and an even out_features (n ", n, ", in ", in_features, ", out ",
          out_features, ")");
   launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features,
-                           linear_wgmma_plan(n, in_features, out_features, clusters_per_wave), stream);
+                           linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave), stream);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
         bf16* xs = static_cast<bf16*>(x.data());
         void* ys = y.data();
         const float cublas_us = time_per_call(stream, [&](int l) { linear_cuda(cublas, ys, false, xs, W(l, k), n, p.in, p.out); });
-        const LinearWgmmaPlan chosen = linear_wgmma_plan(n, p.in, p.out, linear_wgmma_clusters_per_wave);
+        const LinearWgmmaPlan chosen = linear_wgmma_plan(n, p.in, p.out, multiprocessor_count(), linear_wgmma_clusters_per_wave);
         const float chosen_us =
             time_per_call(stream, [&](int l) { linear_wgmma_cuda(ys, false, xs, W(l, k), n, p.in, p.out, chosen, stream); });
         LinearWgmmaPlan best = chosen;
