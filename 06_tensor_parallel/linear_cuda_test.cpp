@@ -69,6 +69,10 @@ struct CudaContext {
 // `project`, the same kernel's plain projection, with the activation applied on the CPU: the same gate and
 // up bits, so only the exponential (__expf on the GPU) and the final rounding may differ, by one bf16 step.
 using SiluProject = std::function<void(bf16* y, const bf16* x, const bf16* W, Shape s)>;
+// The shapes every SiLU ending is tested on, at n rows: Qwen3-0.6B's gate_up, a tiny model's, ragged halves
+// (33 and 145 features: a last tile, warp or block past the last feature; for v6 a gate box that runs into
+// the up rows, and an up box past W's end).
+std::vector<Shape> silu_shapes(int n) { return {Shape{n, 1024, 6144}, Shape{n, 64, 256}, Shape{n, 200, 66}, Shape{n, 96, 290}}; }
 void expect_silu_matches(const SiluProject& silu_project, const Project& project, Shape s, cudaStream_t stream,
                          std::mt19937& rng, const std::string& label) {
   const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
@@ -292,11 +296,9 @@ TEST(Ch06_LinearCuda, WgmmaWithSiluMatchesCpuAndItsOwnProjection) {  // v6, the 
   const Project v6 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
     linear_wgmma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
-  // Qwen3-0.6B's gate_up (split over a cluster or not, by rows), a tiny model's (one stage), ragged halves
-  // (33 and 145 features: a last tile whose gate box runs into the up rows, and an up box past W's end).
+  // Qwen3-0.6B's gate_up split over a cluster or not, by rows; the tiny model's in one stage.
   for (int n : {9, 17, 40, 48, 64, 129})
-    for (Shape s : {Shape{n, 1024, 6144}, Shape{n, 64, 256}, Shape{n, 200, 66}, Shape{n, 96, 290}})
-      expect_silu_matches(v6_silu, v6, s, ctx.stream, rng, "v6 + silu");
+    for (Shape s : silu_shapes(n)) expect_silu_matches(v6_silu, v6, s, ctx.stream, rng, "v6 + silu");
 }
 
 TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5, the activation in the ending
@@ -315,10 +317,8 @@ TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5
   const Project v5 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
     linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
   };
-  // Qwen3-0.6B's gate_up, a tiny model's, ragged halves (33 features: a warp / block past the last one;
-  // 145: a last block of v5 with one feature), an in_features that is not a multiple of a round.
   for (int n : {1, 2, 3, 8, 16})
-    for (Shape s : {Shape{n, 1024, 6144}, Shape{n, 64, 256}, Shape{n, 200, 66}, Shape{n, 96, 290}}) {
+    for (Shape s : silu_shapes(n)) {
       expect_silu_matches(v2_silu, v2, s, ctx.stream, rng, "v2 + silu");
       expect_silu_matches(v5_silu, v5, s, ctx.stream, rng, "v5 + silu");
     }

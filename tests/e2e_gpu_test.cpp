@@ -177,6 +177,16 @@ TEST(E2E_Gpu, FusedProjectionsAtBatchOneMatchTransformers) {
   }
 }
 
+// What `ask` says of an engine's backend (asked through the wrapper hook, before the engine generates).
+bool backend_says(LLMEngine& engine, const std::function<bool(const Backend&)>& ask) {
+  bool answer = false;
+  engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
+    answer = ask(*b);
+    return b;
+  });
+  return answer;
+}
+
 // The golden prompts `copies` times over in one generate call, so that every decode step has that many
 // times their rows, under graphs and eager; every copy must give the golden greedy tokens. `runs` is asked
 // of each engine's backend before it generates (false: the GPU cannot run what the test is about, and the
@@ -189,12 +199,7 @@ bool golden_copies_match(const std::string& model, int copies, const std::functi
     EngineConfig c = gpu_config(model);
     c.enforce_eager = eager;
     LLMEngine engine(c);
-    bool ok = false;
-    engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
-      ok = runs(*b, int64_t(prompts.size()));
-      return b;
-    });
-    if (!ok) return false;
+    if (!backend_says(engine, [&](const Backend& b) { return runs(b, int64_t(prompts.size())); })) return false;
     const std::string what = model + (eager ? " eager, " : " graphs, ") + std::to_string(prompts.size()) + " sequences";
     std::vector<GenerateOutput> outputs = engine.generate(prompts, {greedy(24)});
     EXPECT_EQ(outputs.size(), prompts.size()) << what;
@@ -231,12 +236,9 @@ TEST(E2E_Gpu, GemvProjectionsWithTheirSiluMatchTransformers) {
       EngineConfig c = gpu_config(model);
       c.enforce_eager = eager;
       LLMEngine engine(c);
-      bool fuses = false;
-      engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
-        fuses = b->fuses_linear_silu(1) && b->fuses_linear_silu(int64_t(g.prompts.size()));
-        return b;
-      });
-      ASSERT_TRUE(fuses) << "the default linear version fuses the SiLU from 1 to 8 rows";
+      ASSERT_TRUE(backend_says(engine, [&](const Backend& b) {
+        return b.fuses_linear_silu(1) && b.fuses_linear_silu(int64_t(g.prompts.size()));
+      })) << "the default linear version fuses the SiLU from 1 to 8 rows";
       const std::string what = model + (eager ? " eager" : " graphs");
       std::vector<GenerateOutput> outputs;
       for (const auto& prompt : g.prompts) outputs.push_back(engine.generate({prompt}, {greedy(24)})[0]);
