@@ -31,7 +31,16 @@ __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* id
 // written back to residual.
 template <bool RESIDUAL>
 __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps) {
-  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
+  // Launched overlapped: the weight is no kernel's output, so it is on its way before the wait (cuda_utils.h)
+  // and no longer a round trip after the row's sum.
+  Bf16x8 w_raw[kMaxChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kMaxChunksPerThread; i++) {
+    int c = threadIdx.x + i * kRowThreads;
+    if (c >= hidden / 8) break;
+    w_raw[i] = *reinterpret_cast<const Bf16x8*>(weight + 8 * c);
+  }
+  wait_for_previous_kernel();
   allow_next_kernel();
   const int64_t base = int64_t(blockIdx.x) * hidden;
   float v[kMaxChunksPerThread][8];
@@ -57,7 +66,7 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
     int c = threadIdx.x + i * kRowThreads;
     if (c >= hidden / 8) break;
     float w[8];
-    load_bf16x8(weight + 8 * c, w);
+    unpack_bf16x8(w_raw[i], w);
 #pragma unroll
     for (int k = 0; k < 8; k++) v[i][k] = v[i][k] * inv_rms * w[k];
     store_bf16x8(out + base + 8 * c, v[i]);
@@ -101,17 +110,26 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
                                           bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int num_tokens,
                                           int num_heads, int num_kv_heads, float eps) {
   constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
-  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
-  allow_next_kernel();
   const int warp_global = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int heads = num_heads + 2 * num_kv_heads;
-  if (warp_global >= num_tokens * heads) return;
-  const int token = warp_global / heads, head = warp_global % heads;
+  const bool here = warp_global < num_tokens * heads;
+  const int token = here ? warp_global / heads : 0, head = warp_global % heads;
   bf16* x = qkv + int64_t(token) * row_stride + int64_t(head) * HEAD_DIM;
-  const int32_t slot = slot_mapping[token];
   const int64_t kv_dim = int64_t(num_kv_heads) * HEAD_DIM;
   const int kv_head = head - num_heads;  // k heads: [0, num_kv_heads); v heads: [num_kv_heads, 2 num_kv_heads)
+  // Launched overlapped: the step's inputs (slot, position) and the weights are no kernel's output, so they
+  // and the factors of the norm and rotation are loaded before the wait (cuda_utils.h); qkv after it.
+  const int32_t slot = here ? __ldcg(slot_mapping + token) : -1;
+  NormRopeFactors<HEAD_DIM> factors = {};
+  if (here && kv_head < num_kv_heads) {
+    const int64_t position = __ldcg(positions + token);
+    factors = load_norm_rope_factors<HEAD_DIM>(kv_head < 0 ? q_norm : k_norm, cos_table + position * HALF,
+                                               sin_table + position * HALF, lane);
+  }
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  if (!here) return;
 
   if (kv_head >= num_kv_heads) {  // a v head: a copy
     if (slot < 0) return;
@@ -126,8 +144,7 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
   }
   float x1[PER_LANE], x2[PER_LANE];
   load_head<HEAD_DIM>(x, x1, x2, lane);
-  norm_rope_head<HEAD_DIM>(x1, x2, kv_head < 0 ? q_norm : k_norm, cos_table + int64_t(positions[token]) * HALF,
-                           sin_table + int64_t(positions[token]) * HALF, lane, eps);
+  norm_rope_head<HEAD_DIM>(x1, x2, factors, eps);
   store_head<HEAD_DIM>(x, x1, x2, lane);
   if (kv_head >= 0 && slot >= 0) store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
 }

@@ -115,7 +115,10 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
 // at once). v10 cuts every context into decode_splits(...) partitions instead, a number set by the batch
 // alone; with 1 split there is no second kernel. v11 takes at most kMaxClusterSplits of them (8 where the GPU
 // holds no cluster of 16), a thread-block cluster that merges its splits itself (no second kernel either). `scratch` needs
-// decode_attention_scratch_bytes(...) bytes, enough for every version.
+// decode_attention_scratch_bytes(...) bytes, enough for every version. v9-v11 are launched overlapped and
+// read context_lens, block_tables and the K/V of every key but each sequence's newest before they wait for
+// the previous kernel (cuda_utils.h): that kernel may write the newest key (qk_norm_rope_store_cuda does),
+// not those (in a step they are the step's upload and earlier steps' keys).
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& shape);
 int decode_partition_size(int num_seqs, const AttentionShape& shape);
 int decode_splits(int num_seqs, const AttentionShape& shape);
@@ -132,6 +135,8 @@ void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t
 // rotated) and V to slot_mapping[b] before any block reads the cache; out as decode_attention_cuda. The
 // result equals qk_norm_rope_store_cuda then decode_attention_cuda bit for bit on out and on the cache
 // (qkv itself is left raw). v9, v10 and v11 only (decode_attention_fuses_qk_norm_rope; the default is v11).
+// Like decode_attention_cuda it reads its step inputs (here positions and slot_mapping too) and the older
+// keys before waiting for the previous kernel, which writes qkv.
 struct QkNormRopeInputs {
   const bf16* q_norm;           // (head_dim)
   const bf16* k_norm;           // (head_dim)

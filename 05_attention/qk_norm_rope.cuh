@@ -25,27 +25,57 @@ __device__ inline void load_head(const bf16* x, float (&x1)[HEAD_DIM / 64], floa
   }
 }
 
+// What norm_rope_head multiplies this lane's elements by: the norm weight w (head_dim) and the RoPE row's
+// cos and sin at j and j + HEAD_DIM/2 (rotate-half pairs share them). Nothing here depends on the head's
+// values, so a kernel launched overlapped loads the factors before it waits for the previous kernel
+// (cuda_utils.h): the weights are constants and the position is a step input.
+template <int HEAD_DIM>
+struct NormRopeFactors {
+  float w1[HEAD_DIM / 64], w2[HEAD_DIM / 64], cos[HEAD_DIM / 64], sin[HEAD_DIM / 64];
+};
+
+template <int HEAD_DIM>
+__device__ inline NormRopeFactors<HEAD_DIM> load_norm_rope_factors(const bf16* w, const float* cos_row,
+                                                                   const float* sin_row, int lane) {
+  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+  NormRopeFactors<HEAD_DIM> f;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    const int j = lane * PER_LANE + e;
+    f.w1[e] = __bfloat162float(w[j]);
+    f.w2[e] = __bfloat162float(w[j + HALF]);
+    f.cos[e] = cos_row[j];
+    f.sin[e] = sin_row[j];
+  }
+  return f;
+}
+
 // RMSNorm over the head (a warp-wide sum of squares), times the weight w (head_dim), then rotate-half
 // RoPE ("neox": x[j] pairs with x[j + HEAD_DIM/2]) by angle[position, j]. The result stays fp32: it is
 // rounded to bf16 once, when stored (no rounding between the norm and the rotation; nano-vllm rounds
 // there, a difference of one bf16 ulp at most).
 template <int HEAD_DIM>
-__device__ inline void norm_rope_head(float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64], const bf16* w,
-                                      const float* cos_row, const float* sin_row, int lane, float eps) {
-  constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
+__device__ inline void norm_rope_head(float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64],
+                                      const NormRopeFactors<HEAD_DIM>& f, float eps) {
+  constexpr int PER_LANE = HEAD_DIM / 64;
   float sum_sq = 0;
 #pragma unroll
   for (int e = 0; e < PER_LANE; e++) sum_sq += x1[e] * x1[e] + x2[e] * x2[e];
   const float inv_rms = rsqrtf(warp_sum(sum_sq) / HEAD_DIM + eps);
 #pragma unroll
   for (int e = 0; e < PER_LANE; e++) {
-    const int j = lane * PER_LANE + e;
-    const float a = x1[e] * inv_rms * __bfloat162float(w[j]);
-    const float b = x2[e] * inv_rms * __bfloat162float(w[j + HALF]);
-    const float c = cos_row[j], s = sin_row[j];
-    x1[e] = a * c - b * s;
-    x2[e] = b * c + a * s;
+    const float a = x1[e] * inv_rms * f.w1[e];
+    const float b = x2[e] * inv_rms * f.w2[e];
+    x1[e] = a * f.cos[e] - b * f.sin[e];
+    x2[e] = b * f.cos[e] + a * f.sin[e];
   }
+}
+
+// The same, loading its factors on the way.
+template <int HEAD_DIM>
+__device__ inline void norm_rope_head(float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64], const bf16* w,
+                                      const float* cos_row, const float* sin_row, int lane, float eps) {
+  norm_rope_head<HEAD_DIM>(x1, x2, load_norm_rope_factors<HEAD_DIM>(w, cos_row, sin_row, lane), eps);
 }
 
 template <int HEAD_DIM>

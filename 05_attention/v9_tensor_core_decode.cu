@@ -17,7 +17,10 @@
 //             output takes 4 registers per 16 dims instead of 8. P^T's B fragment is exactly S's
 //             accumulator registers of rows 0..7 (see "P" below), so P never leaves registers.
 // Launch:   overlapped (cuda_utils.h: launch_overlapped): the previous kernel's tail and this kernel's
-//           start-up run together, and so do this kernel's tail and the combine's start.
+//           start-up run together, and so do this kernel's tail and the combine's start. Before its wait a
+//           block already reads its context length and block table and has its first tiles' copies in
+//           flight (all but the newest key's, which the previous kernel writes), and, fused, its norm and
+//           RoPE factors.
 //           Grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
 //           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM); then v2's
 //           combine kernel. Head dims 64 and 128, G <= 8, block_size a multiple of 16 (the engine's rule:
@@ -71,16 +74,18 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
 // The warp copies the K and V rows of keys tile_key .. tile_key + 15 of (seq, kv_head) into its stage
 // buffers (k_tile, v_tile: shared addresses), one 16-byte cp.async per lane per instruction, consecutive
 // lanes on consecutive chunks of a row. Keys at or past key_end are zero-filled: their weight will be 0,
-// and 0 * (garbage that happens to be NaN) would not be.
+// and 0 * (garbage that happens to be NaN) would not be. before_wait: the block-table entry is read through
+// L2 (ld.global.cg, as cuda_utils.h asks before the wait); after it, through L1, where the warp's next
+// tiles find it (a warp stalls on that load before it can issue the copies).
 template <int HEAD_DIM>
 __device__ inline void load_tile(const AttentionParams& p, const int32_t* block_table, int tile_key, int key_end,
-                                 int kv_head, int lane, uint32_t k_tile, uint32_t v_tile) {
+                                 int kv_head, int lane, uint32_t k_tile, uint32_t v_tile, bool before_wait = false) {
   constexpr int kChunks = HEAD_DIM / 8;        // 16-byte chunks per row: 16 at head_dim 128
   constexpr int kRowsPerCopy = 32 / kChunks;   // rows one warp instruction covers: 2 at head_dim 128
   const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
   // A tile never crosses a KV block (block_size is a multiple of 16 and tiles start at multiples of 16).
   const int logical = tile_key / p.block_size;
-  const int64_t slot0 = int64_t(block_table[logical]) * p.block_size + (tile_key - logical * p.block_size);
+  const int64_t slot0 = int64_t(before_wait ? __ldcg(block_table + logical) : block_table[logical]) * p.block_size + (tile_key - logical * p.block_size);
   const int chunk = lane % kChunks;
 #pragma unroll
   for (int i = 0; i < kTileKeys / kRowsPerCopy; i++) {
@@ -133,12 +138,14 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   constexpr int kSteps = HEAD_DIM / 16;  // k-steps of Q K^T, m-tiles of O^T
   constexpr int kTileBytes = kTileKeys * HEAD_DIM * 2;
   extern __shared__ __align__(128) unsigned char smem[];  // (warps, kStages, K/V, kTileKeys, HEAD_DIM) bf16
-  wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
-  allow_next_kernel();
+  // Launched overlapped. Until wait_for_previous_kernel below, the block reads only what the previous
+  // kernel does not write (cuda_utils.h): the step's inputs (context lengths, block tables, positions,
+  // slots), the weights, and the K/V of every key but the newest, which the previous kernel (or, fused,
+  // this one) writes this step. So the first tiles' copies are in flight while the previous kernel ends.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int seq = blockIdx.z, kv_head = blockIdx.y, partition = blockIdx.x;
   const int G = p.num_heads / p.num_kv_heads;
-  const int seqlen_k = p.context_lens[seq];
+  const int seqlen_k = __ldcg(p.context_lens + seq);
   const int partition_size = partition_size_for(p, seqlen_k);
   const int key_begin = partition * partition_size;
   const int key_end = min(seqlen_k, key_begin + partition_size);
@@ -146,6 +153,8 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   // v11's state for the cluster's merge: (m[8], l[8], O[8][HEAD_DIM]) after the warps' merge buffers below.
   float* cluster_state = reinterpret_cast<float*>(smem) + 2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM;
   if (key_begin >= key_end) {  // past this sequence's context (or a padding row, context 0)
+    wait_for_previous_kernel();  // before the writes below
+    allow_next_kernel();
     // With one split (v10) there is no combine to write a padding row's zeros: this block does. In a
     // cluster (v11) the block still takes part in the merge: its partition is past `parts`, never read.
     if (p.splits == 1)
@@ -170,33 +179,53 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   // are issued first and the q work runs while they fly.
   __shared__ __align__(16) bf16 q_ready[8][HEAD_DIM];
   const bool fused = p.q_norm != nullptr;
-  const int32_t new_slot = fused ? p.slot_mapping[seq] : -1;
+  const int32_t new_slot = fused ? __ldcg(p.slot_mapping + seq) : -1;
   const bool new_key_here = new_slot >= 0 && key_end == seqlen_k;
   const bool write_first = new_key_here && num_tiles - 1 < kWarpsV9 * (kStages - 1);
   constexpr int HALF = HEAD_DIM / 2;
-  const float* cos_row = fused ? p.cos_table + int64_t(p.positions[seq]) * HALF : nullptr;
-  const float* sin_row = fused ? p.sin_table + int64_t(p.positions[seq]) * HALF : nullptr;
+  const int position = fused ? __ldcg(p.positions + seq) : 0;
+  // The factors of the norms and rotations this warp will do (q heads warp, warp + 4; warp 2 the new key).
+  NormRopeFactors<HEAD_DIM> q_factors = {}, k_factors = {};
+  if (fused && warp < G)
+    q_factors = load_norm_rope_factors<HEAD_DIM>(p.q_norm, p.cos_table + int64_t(position) * HALF,
+                                                 p.sin_table + int64_t(position) * HALF, lane);
+  if (new_key_here && warp == 2)
+    k_factors = load_norm_rope_factors<HEAD_DIM>(p.k_norm, p.cos_table + int64_t(position) * HALF,
+                                                 p.sin_table + int64_t(position) * HALF, lane);
   auto write_new_key = [&] {
     const int64_t at = new_slot * int64_t(p.num_kv_heads) * HEAD_DIM + int64_t(kv_head) * HEAD_DIM;
     if (warp == 2) {
       float x1[HEAD_DIM / 64], x2[HEAD_DIM / 64];
       load_head<HEAD_DIM>(q_row + int64_t(p.num_heads + kv_head) * HEAD_DIM, x1, x2, lane);
-      norm_rope_head<HEAD_DIM>(x1, x2, p.k_norm, cos_row, sin_row, lane, p.eps);
+      norm_rope_head<HEAD_DIM>(x1, x2, k_factors, p.eps);
       store_head<HEAD_DIM>(p.k_cache_out + at, x1, x2, lane);
     } else if (warp == 3) {
       const bf16* v_raw = q_row + int64_t(p.num_heads + p.num_kv_heads + kv_head) * HEAD_DIM;
       for (int j = lane; j < HEAD_DIM; j += 32) p.v_cache_out[at + j] = v_raw[j];
     }
   };
+
+  // Prologue: the first kStages - 1 tiles in flight (one commit group each, empty past the last tile, so
+  // that the wait below always counts the same number of groups). Before the wait, the tiles that end
+  // before the newest key (a warp's tiles go up in keys, so those are its first ones).
+  int early = 0;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; i++) {
+    if (early == i && i < my_tiles && tile_key(i) + kTileKeys < seqlen_k) {
+      load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes, true);
+      cp_async_commit();
+      early++;
+    }
+  }
+  wait_for_previous_kernel();
+  allow_next_kernel();
   if (write_first) {
     write_new_key();
     __syncthreads();  // this step's K and V are in the cache before any warp copies a tile
   }
-
-  // Prologue: the first kStages - 1 tiles in flight (one commit group each, empty past the last tile, so
-  // that the wait below always counts the same number of groups).
 #pragma unroll
   for (int i = 0; i < kStages - 1; i++) {
+    if (i < early) continue;
     if (i < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes);
     cp_async_commit();
   }
@@ -205,7 +234,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     float x1[HEAD_DIM / 64], x2[HEAD_DIM / 64];
     for (int r = warp; r < G; r += kWarpsV9) {
       load_head<HEAD_DIM>(q_row + int64_t(kv_head * G + r) * HEAD_DIM, x1, x2, lane);
-      norm_rope_head<HEAD_DIM>(x1, x2, p.q_norm, cos_row, sin_row, lane, p.eps);
+      norm_rope_head<HEAD_DIM>(x1, x2, q_factors, p.eps);
       store_head<HEAD_DIM>(q_ready[r], x1, x2, lane);
     }
     if (new_key_here && !write_first) write_new_key();

@@ -62,14 +62,17 @@ struct alignas(16) Bf16x8 {
   __nv_bfloat162 h[4];
 };
 
-__device__ inline void load_bf16x8(const bf16* p, float out[8]) {
-  Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+__device__ inline void unpack_bf16x8(const Bf16x8& v, float out[8]) {
 #pragma unroll
   for (int i = 0; i < 4; i++) {
     float2 f = __bfloat1622float2(v.h[i]);
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
+}
+
+__device__ inline void load_bf16x8(const bf16* p, float out[8]) {
+  unpack_bf16x8(*reinterpret_cast<const Bf16x8*>(p), out);
 }
 
 __device__ inline void store_bf16x8(bf16* p, const float in[8]) {

@@ -98,6 +98,15 @@ void launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
 // previous kernel on the stream has completed and its writes are visible; nothing the previous kernel
 // writes may be touched before it. allow_next_kernel: this block no longer holds the next kernel back
 // (called right after the wait: the next kernel's blocks may then take free SM slots and wait there).
+//
+// What a kernel may read before its wait: anything not written by the kernel just before it. Every kernel
+// here calls allow_next_kernel only after its own wait, so kernel i + 1 starts only once all of kernel i's
+// blocks have passed their wait, that is once kernel i - 1 has completed (and, by the same argument, every
+// kernel before it). Kernels launched the ordinary way complete before the next starts. So the weights,
+// the step's inputs (uploaded before the step's first kernel) and the KV cache of earlier steps may be
+// loaded before the wait, while the previous kernel finishes (what changes from step to step through L2:
+// ld.global.cg, cp.async.cg; an SM's L1 is not kept coherent with other SMs' writes). Writes still wait:
+// the previous kernel may read what they overwrite.
 __device__ inline void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
