@@ -76,10 +76,11 @@ MAIN_SRC := 01_sequence/cli/main.cpp
 # Every source under a folder, at any depth.
 sources_in = $(shell find $(1) -name '*.cpp' $(if $(WITH_CUDA),-o -name '*.cu') 2>/dev/null | sort)
 chapter_dir  = $(wildcard $(1)_*)
-chapter_srcs = $(filter-out %_test.cpp $(MAIN_SRC) $(BASE_DIR)/%,$(call sources_in,$(call chapter_dir,$(1))))
+chapter_srcs = $(filter-out %_test.cpp %_test.cu $(MAIN_SRC) $(BASE_DIR)/%,$(call sources_in,$(call chapter_dir,$(1))))
 chapter_objs = $(patsubst %,$(BUILD)/obj/%.o,$(call chapter_srcs,$(1)))
-# A chapter's tests: *_test.cpp anywhere in its folder, and tests/chNN_*_test.cpp (golden and model tests).
-chapter_test_srcs = $(filter %_test.cpp,$(call sources_in,$(call chapter_dir,$(1)))) $(wildcard tests/ch$(1)_*_test.cpp)
+# A chapter's tests: *_test.cpp anywhere in its folder (and *_test.cu, kernels only the tests launch, in a
+# CUDA build), and tests/chNN_*_test.cpp (golden and model tests).
+chapter_test_srcs = $(filter %_test.cpp %_test.cu,$(call sources_in,$(call chapter_dir,$(1)))) $(wildcard tests/ch$(1)_*_test.cpp)
 BASE_OBJS  := $(patsubst %,$(BUILD)/obj/%.o,$(filter-out %_test.cpp,$(call sources_in,$(BASE_DIR))))
 chapter_link_objs = $(foreach c,$(1) $(deps_$(1)),$(call chapter_objs,$(c))) $(BASE_OBJS)
 

@@ -12,6 +12,7 @@
 #ifdef NANOVLLM_CUDA
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -126,6 +127,14 @@ void check_decode(AttentionShape s, const std::vector<int>& context, std::mt1993
 
 }  // namespace
 
+namespace nanovllm {
+namespace test {
+// late_writer_test.cu: K and V rows written to `slots` by a kernel launched overlapped, after a spin.
+void late_cache_write_cuda(bf16* k_cache, bf16* v_cache, const bf16* k_rows, const bf16* v_rows,
+                           const int32_t* slots, int n, int kv_dim, long long delay_cycles, cudaStream_t stream);
+}  // namespace test
+}  // namespace nanovllm
+
 TEST(Ch05_AttentionCuda, StoreKvcacheWritesExactlyItsSlots) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(5);
@@ -221,6 +230,55 @@ TEST(Ch05_AttentionCuda, DecodeMatchesCpu) {
     check_decode(shape_of(8, 8, 64, block), {100, 7}, rng);      // no GQA
     check_decode(shape_of(8, 1, 128, block), {99, 1200}, rng);   // MQA, group 8
     check_decode(shape_of(16, 1, 64, block), {50, 333}, rng);    // MQA, group 16: v0
+  }
+}
+
+// Decode attention loads its first tiles before it waits for the previous kernel (cuda_utils.h), all but the
+// tile of each sequence's newest key, which the previous kernel of a step writes (qk_norm_rope_store). Here
+// that kernel (late_writer_test.cu) lets attention start, then spins ~100 µs before writing the newest keys;
+// until then their slots hold NaN. Every version must give the CPU's answer over the written cache: short
+// contexts put the newest key in a warp's first tiles (those loaded before the wait), long ones after them.
+TEST(Ch05_AttentionCuda, DecodeReadsTheNewestKeyAfterThePreviousKernel) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(13);
+  const AttentionShape s = shape_of(16, 8, 128, 16);
+  const int kv_dim = s.num_kv_heads * s.head_dim;
+  for (const std::vector<int>& context : {std::vector<int>{1, 16, 17, 40, 1000}, std::vector<int>(24, 33),
+                                          std::vector<int>{129, 2000}}) {
+    Problem p = make_problem(s, context, rng);
+    const int B = int(context.size()), out_dim = s.num_heads * s.head_dim;
+    const int q_stride = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
+    std::vector<float> q = random_bf16_values(size_t(B) * q_stride, rng);
+    std::vector<float> want(size_t(B) * out_dim);
+    decode_attention_cpu(want.data(), out_dim, q.data(), q_stride, p.k_cache.data(), p.v_cache.data(),
+                         context.data(), p.block_tables.data(), p.width, B, s);
+    // Each sequence's newest key: its slot and its K and V rows; the cache the GPU starts from has NaN there.
+    std::vector<int32_t> slots(size_t(B), 0);
+    std::vector<float> k_rows(size_t(B) * kv_dim), v_rows(size_t(B) * kv_dim);
+    std::vector<float> stale_k = p.k_cache, stale_v = p.v_cache;
+    for (int b = 0; b < B; b++) {
+      const int key = context[size_t(b)] - 1;
+      slots[size_t(b)] = p.block_tables[size_t(b) * p.width + key / s.block_size] * s.block_size + key % s.block_size;
+      for (int c = 0; c < kv_dim; c++) {
+        const size_t at = size_t(slots[size_t(b)]) * kv_dim + c;
+        k_rows[size_t(b) * kv_dim + c] = p.k_cache[at], v_rows[size_t(b) * kv_dim + c] = p.v_cache[at];
+        stale_k[at] = stale_v[at] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    const int max_ctx = *std::max_element(context.begin(), context.end());
+    DeviceArray<bf16> d_q(to_bf16(q)), d_out(want.size()), d_k_rows(to_bf16(k_rows)), d_v_rows(to_bf16(v_rows));
+    DeviceArray<int32_t> d_ctx(context), d_bt(p.block_tables), d_slots(slots);
+    DeviceArray<float> scratch(decode_attention_scratch_bytes(B, max_ctx, s) / sizeof(float));
+    for (int version : versions_of(AttentionPhase::Decode)) {
+      DeviceArray<bf16> d_k(to_bf16(stale_k)), d_v(to_bf16(stale_v));
+      d_out.poison();
+      late_cache_write_cuda(d_k.ptr, d_v.ptr, d_k_rows.ptr, d_v_rows.ptr, d_slots.ptr, B, kv_dim, 200000, 0);
+      decode_attention_cuda(d_out.ptr, out_dim, d_q.ptr, q_stride, d_k.ptr, d_v.ptr, d_ctx.ptr, d_bt.ptr, p.width, B,
+                            max_ctx, s, scratch.ptr, version, 0);
+      EXPECT_LE(rel_error(to_float(d_out.get()), want), 1e-2)
+          << "decode after a late write of the newest keys, " << version_label(AttentionPhase::Decode, version, s)
+          << ", B " << B;
+    }
   }
 }
 

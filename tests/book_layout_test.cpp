@@ -9,7 +9,7 @@
 //   chapter NN (02-07)           base/, the shared types, itself, and later chapters it calls (listed in
 //                                the Makefile's deps_NN): never the entry, the command line, the
 //                                tokenizer, or an earlier chapter's logic
-// Tests (*_test.cpp, tests/) are exempt: they may reach anything.
+// Tests (*_test.cpp, *_test.cu, tests/) are exempt: they may reach anything.
 #include <dirent.h>
 
 #include <gtest/gtest.h>
@@ -39,7 +39,7 @@ void list_sources(const std::string& dir, std::vector<std::string>& out) {
     if (nanovllm::is_directory(kRoot + "/" + path)) {
       list_sources(path, out);
     } else if (std::regex_match(name, std::regex(R"(.*\.(h|cpp|cu|cuh))")) &&
-               !std::regex_match(name, std::regex(R"(.*_test\.cpp)"))) {
+               !std::regex_match(name, std::regex(R"(.*_test\.(cpp|cu))"))) {
       out.push_back(path);
     }
   }
