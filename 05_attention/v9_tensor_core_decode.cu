@@ -85,7 +85,8 @@ __device__ inline void load_tile(const AttentionParams& p, const int32_t* block_
   const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
   // A tile never crosses a KV block (block_size is a multiple of 16 and tiles start at multiples of 16).
   const int logical = tile_key / p.block_size;
-  const int64_t slot0 = int64_t(before_wait ? __ldcg(block_table + logical) : block_table[logical]) * p.block_size + (tile_key - logical * p.block_size);
+  const int32_t block = before_wait ? __ldcg(block_table + logical) : block_table[logical];
+  const int64_t slot0 = int64_t(block) * p.block_size + (tile_key - logical * p.block_size);
   const int chunk = lane % kChunks;
 #pragma unroll
   for (int i = 0; i < kTileKeys / kRowsPerCopy; i++) {
@@ -212,7 +213,8 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
 #pragma unroll
   for (int i = 0; i < kStages - 1; i++) {
     if (early == i && i < my_tiles && tile_key(i) + kTileKeys < seqlen_k) {
-      load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes, true);
+      load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes,
+                          /*before_wait=*/true);
       cp_async_commit();
       early++;
     }
