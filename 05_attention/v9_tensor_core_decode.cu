@@ -184,15 +184,13 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   const bool new_key_here = new_slot >= 0 && key_end == seqlen_k;
   const bool write_first = new_key_here && num_tiles - 1 < kWarpsV9 * (kStages - 1);
   constexpr int HALF = HEAD_DIM / 2;
-  const int position = fused ? __ldcg(p.positions + seq) : 0;
+  const int64_t position = fused ? __ldcg(p.positions + seq) : 0;
+  const float* cos_row = fused ? p.cos_table + position * HALF : nullptr;
+  const float* sin_row = fused ? p.sin_table + position * HALF : nullptr;
   // The factors of the norms and rotations this warp will do (q heads warp, warp + 4; warp 2 the new key).
   NormRopeFactors<HEAD_DIM> q_factors = {}, k_factors = {};
-  if (fused && warp < G)
-    q_factors = load_norm_rope_factors<HEAD_DIM>(p.q_norm, p.cos_table + int64_t(position) * HALF,
-                                                 p.sin_table + int64_t(position) * HALF, lane);
-  if (new_key_here && warp == 2)
-    k_factors = load_norm_rope_factors<HEAD_DIM>(p.k_norm, p.cos_table + int64_t(position) * HALF,
-                                                 p.sin_table + int64_t(position) * HALF, lane);
+  if (fused && warp < G) q_factors = load_norm_rope_factors<HEAD_DIM>(p.q_norm, cos_row, sin_row, lane);
+  if (new_key_here && warp == 2) k_factors = load_norm_rope_factors<HEAD_DIM>(p.k_norm, cos_row, sin_row, lane);
   auto write_new_key = [&] {
     const int64_t at = new_slot * int64_t(p.num_kv_heads) * HEAD_DIM + int64_t(kv_head) * HEAD_DIM;
     if (warp == 2) {
@@ -209,15 +207,13 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   // Prologue: the first kStages - 1 tiles in flight (one commit group each, empty past the last tile, so
   // that the wait below always counts the same number of groups). Before the wait, the tiles that end
   // before the newest key (a warp's tiles go up in keys, so those are its first ones).
-  int early = 0;
+  int early = 0;  // tiles issued before the wait
 #pragma unroll
-  for (int i = 0; i < kStages - 1; i++) {
-    if (early == i && i < my_tiles && tile_key(i) + kTileKeys < seqlen_k) {
-      load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes,
-                          /*before_wait=*/true);
-      cp_async_commit();
-      early++;
-    }
+  for (; early < kStages - 1; early++) {
+    if (early >= my_tiles || tile_key(early) + kTileKeys >= seqlen_k) break;
+    load_tile<HEAD_DIM>(p, block_table, tile_key(early), key_end, kv_head, lane, k_stage(early),
+                        k_stage(early) + kTileBytes, /*before_wait=*/true);
+    cp_async_commit();
   }
   wait_for_previous_kernel();
   allow_next_kernel();
@@ -227,7 +223,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   }
 #pragma unroll
   for (int i = 0; i < kStages - 1; i++) {
-    if (i < early) continue;
+    if (i < early) continue;  // issued above
     if (i < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes);
     cp_async_commit();
   }
