@@ -71,32 +71,64 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
   return uint32_t(row * HEAD_DIM * 2 + ((chunk ^ (row % 8)) * 16));
 }
 
-// The warp copies the K and V rows of keys tile_key .. tile_key + 15 of (seq, kv_head) into its stage
-// buffers (k_tile, v_tile: shared addresses), one 16-byte cp.async per lane per instruction, consecutive
-// lanes on consecutive chunks of a row. Keys at or past key_end are zero-filled: their weight will be 0,
-// and 0 * (garbage that happens to be NaN) would not be. before_wait: the block-table entry is read through
-// L2 (ld.global.cg, as cuda_utils.h asks before the wait); after it, through L1, where the warp's next
-// tiles find it (a warp stalls on that load before it can issue the copies).
+// A warp's copies of its tiles, in order: tile t of the warp holds keys first_key + t * kStride ..
+// + kTileKeys - 1 of (seq, kv_head). Each copy_next() puts the next tile's K and V rows into the stage
+// buffers it is given, one 16-byte cp.async per lane per instruction, consecutive lanes on consecutive
+// chunks of a row. Keys at or past key_end are zero-filled: their weight will be 0, and 0 * (garbage that
+// happens to be NaN) would not be.
+//
+// Why a walker and not a function of the tile's first key: a tile's copies are 16 instructions, and
+// ncu counted 221 a tile around them (2026-12-01, 16 rows at context 1,000), half the warp's work: an
+// integer division by block_size for the tile's KV block, and a 64-bit multiply per row. Here everything
+// that does not change from tile to tile is worked out once (the lane's offset in a row, its swizzled
+// place in the tile), and the walker steps through the block table by kStride keys instead of dividing
+// (a tile never crosses a KV block: block_size is a multiple of 16 and tiles start at multiples of 16).
 template <int HEAD_DIM>
-__device__ inline void load_tile(const AttentionParams& p, const int32_t* block_table, int tile_key, int key_end,
-                                 int kv_head, int lane, uint32_t k_tile, uint32_t v_tile, bool before_wait = false) {
-  constexpr int kChunks = HEAD_DIM / 8;        // 16-byte chunks per row: 16 at head_dim 128
-  constexpr int kRowsPerCopy = 32 / kChunks;   // rows one warp instruction covers: 2 at head_dim 128
-  const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
-  // A tile never crosses a KV block (block_size is a multiple of 16 and tiles start at multiples of 16).
-  const int logical = tile_key / p.block_size;
-  const int32_t block = before_wait ? __ldcg(block_table + logical) : block_table[logical];
-  const int64_t slot0 = int64_t(block) * p.block_size + (tile_key - logical * p.block_size);
-  const int chunk = lane % kChunks;
-#pragma unroll
-  for (int i = 0; i < kTileKeys / kRowsPerCopy; i++) {
-    const int row = i * kRowsPerCopy + lane / kChunks;
-    const bool valid = tile_key + row < key_end;
-    const int64_t offset = (slot0 + (valid ? row : 0)) * kv_dim + kv_head * HEAD_DIM + chunk * 8;
-    cp_async_16(k_tile + tile_offset<HEAD_DIM>(row, chunk), p.k_cache + offset, valid);
-    cp_async_16(v_tile + tile_offset<HEAD_DIM>(row, chunk), p.v_cache + offset, valid);
+struct TileCopier {
+  static constexpr int kChunks = HEAD_DIM / 8;       // 16-byte chunks per row: 16 at head_dim 128
+  static constexpr int kRowsPerCopy = 32 / kChunks;  // rows one warp instruction covers: 2 at head_dim 128
+  static constexpr int kStride = kWarpsV9 * kTileKeys;  // keys from one of the warp's tiles to its next
+
+  const bf16* k_cache;
+  const bf16* v_cache;
+  const int32_t* block_table;  // the sequence's
+  int block_size, kv_dim;      // kv_dim: elements from one slot's row to the next
+  int logical, offset;         // the next tile: its KV block's index in the block table, its first key there
+  int rows_left;               // keys from the next tile's first to key_end (a full tile: kTileKeys or more)
+  int lane_row, lane_chunk;    // this lane copies chunk lane_chunk of rows lane_row, + kRowsPerCopy, ...
+  int lane_offset;             // elements from a slot's row to this lane's first chunk of row lane_row
+
+  __device__ TileCopier(const AttentionParams& p, const int32_t* table, int first_key, int key_end, int kv_head,
+                        int lane)
+      : k_cache(p.k_cache), v_cache(p.v_cache), block_table(table), block_size(p.block_size),
+        kv_dim(p.num_kv_heads * HEAD_DIM), logical(first_key / p.block_size),
+        offset(first_key - logical * p.block_size), rows_left(key_end - first_key) {
+    lane_row = lane / kChunks, lane_chunk = lane % kChunks;
+    lane_offset = lane_row * kv_dim + kv_head * HEAD_DIM + lane_chunk * 8;
   }
-}
+
+  // Copies the next tile into (k_tile, v_tile) (shared addresses) and moves on. before_wait: the
+  // block-table entry is read through L2 (ld.global.cg, as cuda_utils.h asks before the wait); after it,
+  // through L1, where the warp's next tiles find it.
+  __device__ void copy_next(uint32_t k_tile, uint32_t v_tile, bool before_wait = false) {
+    const int32_t block = before_wait ? __ldcg(block_table + logical) : block_table[logical];
+    const int64_t slot0 = int64_t(block) * block_size + offset;
+    const bf16* k_src = k_cache + slot0 * kv_dim + lane_offset;
+    const bf16* v_src = v_cache + slot0 * kv_dim + lane_offset;
+#pragma unroll
+    for (int i = 0; i < kTileKeys / kRowsPerCopy; i++) {
+      const int row = i * kRowsPerCopy + lane_row;
+      const uint32_t dst = tile_offset<HEAD_DIM>(row, lane_chunk);
+      // A row past key_end is still inside the tile's KV block (allocated whole), so its address is valid.
+      const bool valid = row < rows_left;
+      cp_async_16(k_tile + dst, k_src + i * kRowsPerCopy * kv_dim, valid);
+      cp_async_16(v_tile + dst, v_src + i * kRowsPerCopy * kv_dim, valid);
+    }
+    rows_left -= kStride;
+    offset += kStride;
+    while (offset >= block_size) offset -= block_size, logical++;
+  }
+};
 
 // v11 (v11_cluster_combine.cu): the `splits` blocks of a (sequence, KV head) are one thread-block cluster.
 // Each has left its merged state of rows 0..G-1 in its shared memory at `state` (m[8], l[8], then
@@ -171,6 +203,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   const uint32_t stage0 = smem_address(smem) + uint32_t(warp * kStages * 2 * kTileBytes);
   auto k_stage = [&](int i) { return stage0 + uint32_t((i % kStages) * 2 * kTileBytes); };
   auto tile_key = [&](int i) { return key_begin + (warp + i * kWarpsV9) * kTileKeys; };
+  TileCopier<HEAD_DIM> copier(p, block_table, tile_key(0), key_end, kv_head, lane);  // copies tiles 0, 1, ...
 
   // Fused (decode_attention_fused_cuda): chapter 04's qk_norm_rope_store for this block, with its helpers
   // (05_attention/qk_norm_rope.cuh), so the bits are those of the separate kernel. Warp w norms and rotates
@@ -211,8 +244,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
 #pragma unroll
   for (; early < kStages - 1; early++) {
     if (early >= my_tiles || tile_key(early) + kTileKeys >= seqlen_k) break;
-    load_tile<HEAD_DIM>(p, block_table, tile_key(early), key_end, kv_head, lane, k_stage(early),
-                        k_stage(early) + kTileBytes, /*before_wait=*/true);
+    copier.copy_next(k_stage(early), k_stage(early) + kTileBytes, /*before_wait=*/true);
     cp_async_commit();
   }
   wait_for_previous_kernel();
@@ -224,7 +256,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
 #pragma unroll
   for (int i = 0; i < kStages - 1; i++) {
     if (i < early) continue;  // issued above
-    if (i < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(i), key_end, kv_head, lane, k_stage(i), k_stage(i) + kTileBytes);
+    if (i < my_tiles) copier.copy_next(k_stage(i), k_stage(i) + kTileBytes);
     cp_async_commit();
   }
 
@@ -265,22 +297,29 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     // Refill the stage that tile i - 1 used: every lane has finished reading it (ldmatrix) first.
     __syncwarp();
     const int ahead = i + kStages - 1;
-    if (ahead < my_tiles) load_tile<HEAD_DIM>(p, block_table, tile_key(ahead), key_end, kv_head, lane, k_stage(ahead), k_stage(ahead) + kTileBytes);
+    if (ahead < my_tiles) copier.copy_next(k_stage(ahead), k_stage(ahead) + kTileBytes);
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // this lane's copies of tile i have landed
     __syncwarp();                  // ... and every other lane's, visible to the whole warp
     const uint32_t k_tile = k_stage(i), v_tile = k_tile + kTileBytes;
 
     // S = Q K^T for the 16 keys (n-tile 0: keys 0..7, n-tile 1: keys 8..15).
-    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    // Two chains per n-tile, the even and the odd k-steps, added at the end: one chain of kSteps dependent
+    // mma would wait kSteps mma latencies, and a warp alone on its scheduler (16 rows) has nothing else to do.
+    float s2[2][2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kSteps; kk++) {
       uint32_t b[4];
       ldmatrix_x4(b, k_tile + tile_offset<HEAD_DIM>(ld_row, 2 * kk + ld_half));
       const uint32_t a[4] = {q_frag[kk][0], 0u, q_frag[kk][1], 0u};
-      mma_16816(s[0], a, b[0], b[1]);
-      mma_16816(s[1], a, b[2], b[3]);
+      mma_16816(s2[kk % 2][0], a, b[0], b[1]);
+      mma_16816(s2[kk % 2][1], a, b[2], b[3]);
     }
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) s[n][j] = s2[0][n][j] + s2[1][n][j];
     // Online softmax of row g over this lane's 4 keys of the tile, then across the quad. Base 2.
     const int key0 = tile_key(i) + 2 * t4;
     float x[4] = {s[0][0], s[0][1], s[1][0], s[1][1]};  // keys key0, key0 + 1, key0 + 8, key0 + 9
