@@ -8,7 +8,8 @@
 //           per scheduler to hide the latencies. A tensor core multiplies a 16 x 16 by a 16 x 8 tile in one
 //           instruction. A decode block has only G = 2..8 query rows (the heads of one KV head), so most
 //           of the tile is padding, but the padding is free: what matters is that a 16-key tile of K and V
-//           (8 KB at head_dim 128) now costs ~100 instructions instead of ~800.
+//           (8 KB at head_dim 128) now costs about 340 warp instructions instead of ~800 (ncu: 213 of
+//           arithmetic, 126 around its 16 copies; NOTES.md).
 // Adds:     over v2 (partitions, combine kernel) and v5 (mma.sync, ldmatrix, cp.async, XOR swizzle):
 //           - each warp owns every 4th 16-key tile of the block's partition and streams it through its own
 //             kStages-deep cp.async pipeline in shared memory (warp-private: __syncwarp, no block barrier);
