@@ -80,9 +80,10 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
 //
 // Why a walker and not a function of the tile's first key: a tile's copies are 16 instructions, and
 // ncu counted 221 a tile around them (2026-12-01, 16 rows at context 1,000), half the warp's work: an
-// integer division by block_size for the tile's KV block, and a 64-bit multiply per row. Here everything
-// that does not change from tile to tile is worked out once (the lane's offset in a row, its swizzled
-// place in the tile), and the walker steps through the block table by kStride keys instead of dividing
+// integer division by block_size for the tile's KV block, and a 64-bit multiply per row. Here what does
+// not change from tile to tile is worked out once (the lane's row, chunk and offset within a slot's row),
+// a row's address is the tile's first slot plus a 32-bit offset, and the walker steps through the block
+// table by kStride keys instead of dividing
 // (a tile never crosses a KV block: block_size is a multiple of 16 and tiles start at multiples of 16).
 template <int HEAD_DIM>
 struct TileCopier {
