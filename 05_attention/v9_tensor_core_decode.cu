@@ -83,8 +83,8 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
 // integer division by block_size for the tile's KV block, and a 64-bit multiply per row. Here what does
 // not change from tile to tile is worked out once (the lane's row, chunk and offset within a slot's row),
 // a row's address is the tile's first slot plus a 32-bit offset, and the walker steps through the block
-// table by kStride keys instead of dividing
-// (a tile never crosses a KV block: block_size is a multiple of 16 and tiles start at multiples of 16).
+// table by kStride keys instead of dividing (a tile never crosses a KV block: block_size is a multiple of
+// 16 and tiles start at multiples of 16).
 template <int HEAD_DIM>
 struct TileCopier {
   static constexpr int kChunks = HEAD_DIM / 8;       // 16-byte chunks per row: 16 at head_dim 128
