@@ -41,6 +41,17 @@ bool is_directory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+void make_directories(const std::string& path) {
+  for (size_t end = path.find('/', 1);; end = path.find('/', end + 1)) {
+    const std::string folder = path.substr(0, end);  // "a", "a/b", ... and last the whole path
+    if (!folder.empty() && !is_directory(folder) && mkdir(folder.c_str(), 0755) != 0) {
+      const int error = errno;
+      if (!(error == EEXIST && is_directory(folder))) fail(folder, ": cannot create the directory: ", std::strerror(error));
+    }
+    if (end == std::string::npos) return;
+  }
+}
+
 AtomicFileWriter::AtomicFileWriter(const std::string& path)
     : path_(path), temp_(path + ".tmp." + std::to_string(getpid())) {
   file_ = std::fopen(temp_.c_str(), "wb");

@@ -16,6 +16,11 @@ void write_file(const std::string& path, const std::string& text);
 bool is_regular_file(const std::string& path);
 bool is_directory(const std::string& path);
 
+// Creates the folder `path` and every missing folder above it (mkdir -p); one that another process creates
+// meanwhile is as good. Throws Error "FOLDER: cannot create the directory: <reason>" naming the first
+// folder that could not be made.
+void make_directories(const std::string& path);
+
 // A file written under a temporary name in the same folder and renamed into place by commit(); if it is
 // destroyed uncommitted (an error, an exception), the temporary file is removed.
 class AtomicFileWriter {

@@ -302,6 +302,10 @@ bool ensure_random_model(const std::string& preset, const std::string& dir, uint
   // Only an older, non-atomic writer could have left it incomplete; we do not guess what else is in it.
   if (is_directory(dir)) fail(dir, ": exists but is incomplete (an interrupted earlier run?); delete it");
 
+  // The folder above `dir` (build/data) exists once `make` has unpacked the tokenizer; not after a build of
+  // the binary alone.
+  const size_t slash = dir.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) make_directories(dir.substr(0, slash));
   const std::string temp = dir + ".tmp." + std::to_string(getpid());
   if (temp.size() >= sizeof g_temp_dir) fail(dir, ": path too long");
   g_temp_dir[0] = g_temp_suffix[0] = '\0';

@@ -235,6 +235,13 @@ TEST(Ch04_RandomModel, EnsureWritesOnceAndAtomically) {
   closedir(d);
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{".", "..", "m"}));
+  // The folders above it are made as needed (build/data after `make build/nanovllm` alone)...
+  EXPECT_TRUE(ensure_random_model("tiny", dir / "data/random/m", 3));
+  EXPECT_EQ(read_bytes(dir / "data/random/m/model.safetensors"), bytes);
+  // ...and one that cannot be made is named.
+  write_string(dir / "file", "");
+  EXPECT_EQ(error_of([&] { ensure_random_model("tiny", dir / "file/m", 3); }),
+            dir / "file" + ": cannot create the directory: File exists");
   // A folder left incomplete (by an older writer) is not guessed at.
   std::remove((model + "/config.json").c_str());
   EXPECT_EQ(error_of([&] { ensure_random_model("tiny", model, 3); }),
