@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
   int end_capture() override {
     cudaGraph_t graph;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    start_successors_early(graph);  // the kernels after cuBLAS's launched as its blocks start (cuda_utils.h)
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs

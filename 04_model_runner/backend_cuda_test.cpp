@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "01_sequence/base/cuda_utils.h"
 #include "04_model_runner/backend.h"
 #include "tests/cuda_test_util.h"
 
@@ -38,6 +39,52 @@ TEST(Ch04_BackendCuda, PinnedUploadAsyncIsPageLockedAndWaitedForBeforeReuse) {
     for (int64_t i = 0; i < n; i++) wrong += got[size_t(i)] != int32_t(i * 7 + round);
     ASSERT_EQ(wrong, 0) << "round " << round;
   }
+}
+
+namespace nanovllm::test {
+// graph_edges_test.cu: out = value after a spin, launched the ordinary way; out = in, launched overlapped.
+void slow_fill_cuda(float* out, int n, float value, long long delay_cycles, cudaStream_t stream);
+void overlapped_copy_cuda(float* out, const float* in, int n, cudaStream_t stream);
+}  // namespace nanovllm::test
+
+// A graph of [slow fill (ordinary), copy (overlapped), copy (overlapped)]: start_successors_early moves the
+// one edge out of the ordinary kernel, not the one between the two overlapped kernels, and the first copy
+// still waits for the fill (~100 µs of spin), replay after replay.
+TEST(Ch04_BackendCuda, OverlappedKernelsAfterAnOrdinaryOneStartEarlyAndStillWait) {
+  SKIP_WITHOUT_GPU();
+  const int n = 1 << 16;
+  const long long delay_cycles = 200000;  // ~100 µs at 2 GHz
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Buffer a(Device::CUDA, n * sizeof(float)), b(Device::CUDA, n * sizeof(float)), c(Device::CUDA, n * sizeof(float));
+  float* pa = static_cast<float*>(a.data());
+  float* pb = static_cast<float*>(b.data());
+  float* pc = static_cast<float*>(c.data());
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  test::slow_fill_cuda(pa, n, 3.0f, delay_cycles, stream);
+  test::overlapped_copy_cuda(pb, pa, n, stream);
+  test::overlapped_copy_cuda(pc, pb, n, stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  // Without overlapped launches (before sm_90) the capture has no programmatic edge to move.
+  EXPECT_EQ(start_successors_early(graph), overlapped_launch_supported() ? 1 : 0);
+  EXPECT_EQ(start_successors_early(graph), 0);  // moved already; the copy-to-copy edge stays
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<float> got_b(n), got_c(n);
+  for (int replay = 0; replay < 3; replay++) {
+    for (const Buffer* buffer : {&a, &b, &c}) CUDA_CHECK(cudaMemsetAsync(buffer->data(), 0, buffer->bytes(), stream));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaMemcpyAsync(got_b.data(), pb, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(got_c.data(), pc, n * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    int wrong = 0;
+    for (int i = 0; i < n; i++) wrong += got_b[size_t(i)] != 3.0f || got_c[size_t(i)] != 3.0f;
+    ASSERT_EQ(wrong, 0) << "replay " << replay << ": a copy read its input before the kernel that writes it ended";
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 #else

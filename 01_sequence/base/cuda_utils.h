@@ -1,13 +1,15 @@
 // cuda_utils.h: what every CUDA file shares: CUDA_CHECK after every runtime call and launch, whether a
-// GPU is present and how many SMs it has, warp_sum, and the overlapped launch of consecutive kernels. Header-only; bf16 itself
-// is in bf16.h.
+// GPU is present and how many SMs it has, warp_sum, and the overlapped launch of consecutive kernels (in a
+// CUDA graph too: start_successors_early). Header-only; bf16 itself is in bf16.h.
 #pragma once
 
 #ifdef NANOVLLM_CUDA
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "01_sequence/base/bf16.h"
 #include "01_sequence/base/common.h"
@@ -91,6 +93,38 @@ void launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
   launch_overlapped_in_clusters(kernel, grid, 1u, block, smem_bytes, stream, std::forward<Args>(args)...);
 }
 
+// In a captured CUDA graph, a kernel launched overlapped right after one launched the ordinary way (a cuBLAS
+// GEMM) hangs on a programmatic edge that fires only once every block of that kernel has exited (it never
+// calls allow_next_kernel): the overlapped kernel's launch then waits for the whole of the one before. But a
+// node entered by ordinary edges only started after everything before it had completed, so its overlapped
+// successors may be launched as soon as all its blocks have begun (cudaGraphKernelNodePortLaunchCompletion):
+// they still wait for it in wait_for_previous_kernel, and what they read before that wait (see below) was
+// written before it started. This moves those edges; it leaves every edge out of an overlapped kernel as it
+// is, since that kernel's successors must not start before its own wait. Returns the number of edges moved.
+inline int start_successors_early(cudaGraph_t graph) {
+  size_t count = 0;
+  CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count));
+  std::vector<cudaGraphNode_t> from(count), to(count);
+  std::vector<cudaGraphEdgeData> data(count);
+  CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count));
+  std::vector<cudaGraphNode_t> overlapped;  // the nodes a programmatic edge enters
+  for (size_t i = 0; i < count; i++)
+    if (data[i].type == cudaGraphDependencyTypeProgrammatic) overlapped.push_back(to[i]);
+  std::sort(overlapped.begin(), overlapped.end());
+  int moved = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (data[i].type != cudaGraphDependencyTypeProgrammatic || data[i].from_port != cudaGraphKernelNodePortProgrammatic ||
+        std::binary_search(overlapped.begin(), overlapped.end(), from[i]))
+      continue;
+    cudaGraphEdgeData early = data[i];
+    early.from_port = cudaGraphKernelNodePortLaunchCompletion;
+    CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
+    CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &early, 1));
+    moved++;
+  }
+  return moved;
+}
+
 #ifdef __CUDACC__
 
 // The two halves of an overlapped launch, for kernels launched with launch_overlapped (no-ops before
@@ -102,7 +136,9 @@ void launch_overlapped(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, siz
 // What a kernel may read before its wait: anything not written by the kernel just before it. Every kernel
 // here calls allow_next_kernel only after its own wait, so kernel i + 1 starts only once all of kernel i's
 // blocks have passed their wait, that is once kernel i - 1 has completed (and, by the same argument, every
-// kernel before it). Kernels launched the ordinary way complete before the next starts. So the weights,
+// kernel before it). A kernel launched the ordinary way starts only once every kernel before it has
+// completed, and the kernel after it starts once all its blocks have begun (in a graph,
+// start_successors_early) or have exited: then too kernel i - 1 has completed. So the weights,
 // the step's inputs (uploaded before the step's first kernel) and the KV cache of earlier steps may be
 // loaded before the wait, while the previous kernel finishes (what changes from step to step through L2:
 // ld.global.cg, cp.async.cg; an SM's L1 is not kept coherent with other SMs' writes). Writes still wait:
