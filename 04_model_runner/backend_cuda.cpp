@@ -81,7 +81,10 @@ class CudaBackend final : public Backend {
   int end_capture() override {
     cudaGraph_t graph;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    start_successors_early(graph);  // the kernels after cuBLAS's launched as its blocks start (cuda_utils.h)
+    // The kernels after cuBLAS's launched as its blocks start (cuda_utils.h). Not with several ranks: there an
+    // early kernel's blocks would hold SM slots, waiting, that a peer's collective (which spins until this
+    // rank's joins it) may need when the ranks share a GPU.
+    if (group_.size == 1) start_successors_early(graph);
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
