@@ -6,6 +6,7 @@
 
 #include "01_sequence/base/log.h"
 #include "06_tensor_parallel/all_reduce.h"
+#include "06_tensor_parallel/linear.h"
 
 namespace nanovllm {
 
@@ -56,18 +57,22 @@ ModelRunner::ModelRunner(EngineConfig& config)
     load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config);
   }
   allocate_kv_cache(config);
-  if (tp_size > 1 && device() == Device::CUDA && !event_collectives) {
-    // Before the ranks are joined: every rank runs each decode batch size once on its own, collectives
-    // off. The first call of a kernel or a GEMM shape may set things up on the device (module loading,
-    // cuBLAS's first use of an algorithm), and set-up that waits for the device must not happen while a
-    // peer spins in a collective waiting for this rank (06_tensor_parallel/all_reduce.h). The
-    // stream-ordered collectives never spin, so they need none of this.
+  if (device() == Device::CUDA) {
+    // Before the ranks are joined, every rank on its own, collectives off: the prefill warm-up, and with
+    // several ranks each decode batch size once. The first call of a kernel or a GEMM shape may set things
+    // up on the device (module loading, cuBLAS's first use of an algorithm), and set-up that waits for the
+    // device must not happen while a peer spins in a collective waiting for this rank
+    // (06_tensor_parallel/all_reduce.h). The stream-ordered collectives never spin, so they need none of
+    // the decode runs (their capture below runs each batch size first).
     for (auto& r : ranks_) {
       r->backend->bind_to_thread();
-      for (int bs : graph_sizes()) {
-        StepInputs in;
-        pad_decode(in, bs);
-        execute(*r, upload(*r, in, max_model_len_), bs);
+      warm_up_prefill(*r);
+      if (tp_size > 1 && !event_collectives) {
+        for (int bs : graph_sizes()) {
+          StepInputs in;
+          pad_decode(in, bs);
+          execute(*r, upload(*r, in, max_model_len_), bs);
+        }
       }
       r->backend->synchronize();
     }
@@ -378,6 +383,45 @@ void ModelRunner::pad_decode(StepInputs& in, int batch_size) const {
   in.context_lens.resize(bs, 0);
   in.block_tables.resize(bs * block_table_width_, -1);
   in.sampling.resize(bs, SamplingRow{0.0f, 0, 1.0f, 0, 0});
+}
+
+std::vector<int> ModelRunner::prefill_warm_up_sizes() const {
+  // Sequences of up to max_model_len tokens, at most max_seqs of them, each in blocks of its own.
+  const int per_seq_blocks = ceil_div(max_model_len_, block_size_);
+  const int64_t fit_seqs = std::min<int64_t>(max_seqs_, num_blocks_ / std::max(per_seq_blocks, 1));
+  int64_t most = std::min<int64_t>(max_tokens_, fit_seqs * max_model_len_);
+  if (fit_seqs == 0) most = std::min<int64_t>(max_tokens_, int64_t(num_blocks_) * block_size_);  // one shorter sequence
+  std::vector<int> sizes;
+  for (int64_t t = 2 * int64_t(kTunedMaxRows); t < most; t *= 2) sizes.push_back(int(t));
+  if (most > kTunedMaxRows) sizes.push_back(int(most));
+  return sizes;
+}
+
+void ModelRunner::warm_up_prefill(Rank& r) {
+  for (int tokens : prefill_warm_up_sizes()) {
+    StepInputs in;
+    in.is_prefill = true;
+    in.cu_seqlens_q.push_back(0);
+    in.cu_seqlens_k.push_back(0);
+    int next_block = 0;
+    for (int start = 0; start < tokens; start += max_model_len_) {
+      const int len = std::min(max_model_len_, tokens - start), blocks = ceil_div(len, block_size_);
+      for (int pos = 0; pos < len; pos++) {
+        in.input_ids.push_back(0);
+        in.positions.push_back(pos);
+        in.slot_mapping.push_back((next_block + pos / block_size_) * block_size_ + pos % block_size_);
+      }
+      for (int b = 0; b < block_table_width_; b++) in.block_tables.push_back(b < blocks ? next_block + b : -1);
+      next_block += blocks;
+      in.cu_seqlens_q.push_back(in.cu_seqlens_q.back() + len);
+      in.cu_seqlens_k.push_back(in.cu_seqlens_k.back() + len);
+      in.max_seqlen_q = std::max(in.max_seqlen_q, len);
+      in.max_seqlen_k = in.max_seqlen_q;
+      in.last_token_rows.push_back(in.cu_seqlens_q.back() - 1);
+      in.sampling.push_back(SamplingRow{0.0f, 0, 1.0f, 0, 0});  // greedy, as a padding row
+    }
+    execute(r, upload(r, in, in.max_seqlen_k), in.num_seqs());
+  }
 }
 
 std::vector<int> ModelRunner::graph_sizes() const {

@@ -75,6 +75,11 @@ class ModelRunner {
   std::vector<int> graph_batch_sizes() const;
   // Steps each rank has run: with tensor parallelism every rank runs every step (--trace shows it).
   const std::vector<int64_t>& rank_steps() const { return rank_steps_; }
+  // The prefill sizes the GPU warm-up runs (warm_up_prefill): 1024, 2048, ... below the largest prefill
+  // the workspace and the KV cache hold (max_num_batched_tokens tokens, in sequences of at most
+  // max_model_len, at most max_num_seqs of them, each in blocks of its own), then that largest one; none
+  // when it is kTunedMaxRows (512) or less.
+  std::vector<int> prefill_warm_up_sizes() const;
 
   // For tools (bench --profile, bench-step): wrap every rank's backend (a profiler forwarding every
   // operation; called once per rank, rank 0 first), and switch graph replay off and on (graphs captured
@@ -119,6 +124,13 @@ class ModelRunner {
   void pad_decode(StepInputs& in, int batch_size) const;
   ForwardInputs upload(Rank& r, const StepInputs& in, int max_context_len);
   void allocate_kv_cache(EngineConfig& config);
+  // The prefill warm-up (nano-vllm's warmup_model runs one prefill of max_num_batched_tokens): on the GPU,
+  // one prefill of each size prefill_warm_up_sizes() gives, so that every power-of-two bucket of rows a
+  // prefill can reach has its GEMM algorithm chosen (06_tensor_parallel/linear.h, CublasLtLinear) and
+  // every kernel of a prefill has run once before the first request: choosing cost cublasGemmEx 0.3-4 ms
+  // of host time per new prompt length, and 81-122 ms the first time (04_model_runner/NOTES.md, section 11).
+  // Sequences of zeros, written into the first KV blocks, which nothing holds yet; the tokens are dropped.
+  void warm_up_prefill(Rank& r);
   // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself.
   std::vector<int> graph_sizes() const;
   // Captures rank r's graph of a decode step of bs padding rows (after a warm-up run of the same step).

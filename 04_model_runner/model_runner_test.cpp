@@ -46,6 +46,28 @@ TEST(Ch04_ModelRunner, ClampsMaxModelLenAndKeepsUserBlockCount) {
   EXPECT_EQ(runner.kv_cache_bytes(), size_t(2) * 2 * 7 * 16 * 2 * 128 * 4);
 }
 
+TEST(Ch04_ModelRunner, PrefillWarmUpSizesCoverEveryBucketThatFits) {
+  // Block 16, max_model_len 1000: a sequence takes 63 blocks.
+  const auto sizes = [](int num_blocks, int max_seqs, int max_tokens) {
+    EngineConfig c;
+    c.model = test::data_path("golden/tiny-qwen3-a");
+    c.device = "cpu";
+    c.kvcache_block_size = 16;
+    c.num_kvcache_blocks = num_blocks;
+    c.max_num_seqs = max_seqs;
+    c.max_num_batched_tokens = max_tokens;
+    c.max_model_len = 1000;
+    return ModelRunner(c).prefill_warm_up_sizes();
+  };
+  EXPECT_EQ(sizes(2000, 8, 5000), (std::vector<int>{1024, 2048, 4096, 5000}));  // each bucket, then the largest
+  EXPECT_EQ(sizes(2000, 8, 4096), (std::vector<int>{1024, 2048, 4096}));
+  EXPECT_EQ(sizes(2000, 4, 5000), (std::vector<int>{1024, 2048, 4000}));  // 4 sequences of 1000
+  EXPECT_EQ(sizes(130, 8, 5000), (std::vector<int>{1024, 2000}));        // 2 sequences' blocks
+  EXPECT_EQ(sizes(40, 8, 5000), (std::vector<int>{640}));                // part of one sequence: 40 blocks
+  EXPECT_EQ(sizes(2000, 8, 512), (std::vector<int>{}));                  // cuBLAS's buckets start above 512
+  EXPECT_EQ(sizes(30, 8, 5000), (std::vector<int>{}));                   // 480 tokens of blocks
+}
+
 TEST(Ch04_ModelRunner, PreparePrefillWithPrefixHitAndChunk) {
   ModelRunner runner = make_runner();
   SamplingParams p;

@@ -122,7 +122,9 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                            in the same kernel                                 (linear_prefetch.cu)
 // CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
 //   --linear-version 1   v1 only
-//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above
+//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above, and above kTunedMaxRows (prefill) v1's
+//                        kernels chosen once per power-of-two bucket of n (CublasLtLinear) instead of
+//                        at every new n
 //   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
@@ -136,6 +138,12 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefault = 6;
+
+// The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
+// cuBLAS's heuristic does well, and prompts would bring too many distinct shapes to time each one: there
+// CublasLtLinear takes the heuristic's choice per power-of-two bucket, for every version from 2 on (and
+// the model runner's prefill warm-up makes those choices: ModelRunner::warm_up_prefill).
+constexpr int kTunedMaxRows = 512;
 
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
@@ -298,8 +306,9 @@ void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_f
                           const LinearFusion& fusion, cudaStream_t stream);
 
 // v3: cuBLASLt with an algorithm chosen per shape by timing (nano-vllm leaves the choice to PyTorch, that
-// is to cuBLAS's heuristic). A shape is (device, n rounded up to a multiple of 16, in, out, output dtype,
-// pointer alignment): the batch sizes of one bucket share a choice, so eager decode does not time every n.
+// is to cuBLAS's heuristic). A shape is (device, rows, in, out, output dtype, pointer alignment), where
+// rows is n rounded up to a multiple of 16: the batch sizes of one bucket share a choice, so eager decode
+// does not time every n.
 //
 // The first run() of a shape outside stream capture asks cublasLtMatmulAlgoGetHeuristic for up to
 // kCandidates algorithms, runs each once, then kTimedRuns times between CUDA events with L2 flushed before
@@ -308,9 +317,15 @@ void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_f
 // never seen before returns false and the caller runs v1, which is why the model runner runs every decode
 // shape once before capturing (ModelRunner::capture_cuda_graph).
 //
+// Above kTunedMaxRows (prefill) rows is the power of two at or above n, and the choice is not timed: it is
+// the heuristic's first algorithm for that many rows, what cublasGemmEx itself would run there, asked once.
+// cublasGemmEx asks again at every row count it has not seen, which took 0.3-4 ms on the host per new
+// prompt length (04_model_runner/NOTES.md, section 11); here a bucket asks once, and the model runner's
+// warm-up asks for every bucket a prefill can reach (ModelRunner::warm_up_prefill).
+//
 // The choices live in one table for the whole process, behind a mutex: two engines in one process run
 // the same algorithm and compute the same bits. Two processes may choose differently when two algorithms
-// time alike (the last bits of the logits then differ).
+// time alike (the last bits of the logits then differ); the untimed choices are the same in every process.
 class CublasLtLinear {
  public:
   static constexpr int kCandidates = 8;
@@ -329,6 +344,9 @@ class CublasLtLinear {
 
   // How many shapes have an algorithm chosen, in this process (tests).
   static size_t chosen_shapes();
+  // Whether n rows of (in_features -> out_features) on the current device, with buffers aligned to 256
+  // bytes (every buffer the engine allocates), have their choice made (tests).
+  static bool has_choice(int n, int in_features, int out_features, bool y_is_fp32);
 
  private:
   cublasLtHandle_t handle_ = nullptr;
@@ -339,10 +357,6 @@ class CublasLtLinear {
   void* flush_ = nullptr;                          // (flush_bytes_,) written before each timed run: evicts L2
   size_t flush_bytes_ = 0;
 };
-
-// The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
-// cuBLAS's default does well, and prompts would bring too many distinct shapes to time each one.
-constexpr int kTunedMaxRows = 512;
 
 // The projection of the CUDA backend: v2, v3, v4, v5 or v1 by n and `version` (kLinearVersionMin ..
 // kLinearVersionMax, see there). `cublas` must be bound to `stream` and to the same workspace

@@ -1,10 +1,16 @@
 // linear_cublaslt.cpp: v3 of the projection, CublasLtLinear: cuBLASLt with the fastest of its candidate
-// algorithms for each shape, timed once (the contract is in linear.h).
+// algorithms for each shape, timed once; and, above kTunedMaxRows, cuBLAS's own first choice for each
+// power-of-two bucket of rows, made once (the contract is in linear.h).
 //
 // Why: at decode batch sizes (M = 32 ... 256) cublasGemmEx's default picks big output tiles, and a
 // (256 x 1024) output cut into 128 x 128 tiles is 16 blocks for 132 SMs: o_proj and down_proj ran at
 // 14-18% of copy bandwidth (05_attention/NOTES.md). cuBLASLt's heuristic offers other tilings and
 // split-K configurations; which one wins is an empirical question, so we time them on the real shape.
+//
+// Why the buckets: cublasGemmEx chooses its algorithm on the host at every call, and a row count it has
+// not seen costs it 0.3-4 ms there (81-122 ms the first time a process runs a prefill-sized product),
+// while the GPU, at the start of a prefill step, has nothing queued to run meanwhile. Prompts bring a new
+// row count almost every prefill step (04_model_runner/NOTES.md, section 11).
 //
 // The product is the same column-major reading as linear_cuda.cpp: D (out, n) = W^T (out, in) x (in, n),
 // where W is the column-major (in, out) matrix in W's memory, used transposed.
@@ -44,9 +50,8 @@ struct Problem {
   }
 };
 
-// A shape whose algorithm is chosen once. rows is n rounded up to a multiple of 16 (the CUDA graph batch
-// sizes above 16 are multiples of 16); alignment is the largest power of two, up to 256, that divides
-// the addresses of x, W and y (an algorithm may need aligned buffers).
+// A shape whose algorithm is chosen once. rows is chosen_rows(n); alignment is the largest power of two,
+// up to 256, that divides the addresses of x, W and y (an algorithm may need aligned buffers).
 struct ShapeKey {
   int device, rows, in, out;
   bool y_is_fp32;
@@ -70,6 +75,16 @@ struct ChoiceTable {
 ChoiceTable& choice_table() {
   static ChoiceTable table;
   return table;
+}
+
+// The row count of n's choice: up to kTunedMaxRows, n rounded up to a multiple of 16 (the CUDA graph batch
+// sizes above 16 are multiples of 16), timed; above, the power of two at or above n, not timed (one
+// choice serves every prompt length of the bucket; the heuristic is asked about the bucket's top).
+int chosen_rows(int n) {
+  if (n <= kTunedMaxRows) return (n + 15) / 16 * 16;
+  int rows = kTunedMaxRows;
+  while (rows < n) rows *= 2;
+  return rows;
 }
 
 int alignment_of(const void* p) {
@@ -112,13 +127,22 @@ size_t CublasLtLinear::chosen_shapes() {
   return table.choices.size();
 }
 
+bool CublasLtLinear::has_choice(int n, int in_features, int out_features, bool y_is_fp32) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  ChoiceTable& table = choice_table();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  return table.choices.count(ShapeKey{device, chosen_rows(n), in_features, out_features, y_is_fp32, 256}) > 0;
+}
+
 bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                          int out_features) {
   if (n == 0 || out_features == 0) return true;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   const int alignment = std::min(alignment_of(x), std::min(alignment_of(W), alignment_of(y)));
-  const ShapeKey key{device, (n + 15) / 16 * 16, in_features, out_features, y_is_fp32, alignment};
+  const bool timed = n <= kTunedMaxRows;
+  const ShapeKey key{device, chosen_rows(n), in_features, out_features, y_is_fp32, alignment};
   Problem p(y_is_fp32, n, in_features, out_features);
   const float alpha = 1.0f, beta = 0.0f;
   // y = 1 * W^T x + 0 * y (beta 0: y is not read).
@@ -155,14 +179,18 @@ bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
                "cublasLtMatmulPreferenceSetAttribute");
     cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
     int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(handle_, &p.op, &p.w, &p.x, &p.y, &p.y, &preference, kCandidates, candidates,
-                                       &found) != CUBLAS_STATUS_SUCCESS)
+    Problem bucket_top(y_is_fp32, key.rows, in_features, out_features);  // untimed: asked about the bucket
+    Problem& asked = timed ? p : bucket_top;
+    if (cublasLtMatmulAlgoGetHeuristic(handle_, &asked.op, &asked.w, &asked.x, &asked.y, &asked.y, &preference,
+                                       timed ? kCandidates : 1, candidates, &found) != CUBLAS_STATUS_SUCCESS)
       found = 0;
+    if (!timed && found > 0 && candidates[0].state == CUBLAS_STATUS_SUCCESS)
+      choice.found = true, choice.algo = candidates[0].algo;
 
     // L2 (50 MB on an H200) would hold these weights between runs; a decode step reads them from memory.
     // Overwriting a buffer of L2's size (flush_) before each run evicts them.
     float best_ms = FLT_MAX;
-    for (int i = 0; i < found; i++) {
+    for (int i = 0; timed && i < found; i++) {
       if (candidates[i].state != CUBLAS_STATUS_SUCCESS || matmul(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
       float total_ms = 0;  // the first run above was the warm-up
       for (int r = 0; r < kTimedRuns; r++) {
@@ -183,7 +211,8 @@ bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
     choice = table.choices.at(key);
   }
   // The algorithm was chosen for one n of the bucket; should cuBLASLt refuse it for this n (a workspace
-  // that grows with n, say), nothing was queued and v1 runs instead.
+  // that grows with n, say), nothing was queued and v1 runs instead. cuBLASLt checks the algorithm against
+  // the shape when it is called, on the host, without choosing anything.
   return choice.found && matmul(choice.algo) == CUBLAS_STATUS_SUCCESS;
 }
 

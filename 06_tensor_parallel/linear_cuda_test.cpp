@@ -510,6 +510,40 @@ TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
   EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + 1);
 }
 
+TEST(Ch06_LinearCuda, PrefillRowsShareOneUntimedChoicePerPowerOfTwo) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(14);
+  CudaContext ctx;
+  CublasLtLinear lt(ctx.stream, ctx.workspace.ptr, ctx.workspace.n);
+  // bf16 output must run the bucket's algorithm (run() returns false where v1 would run instead); fp32
+  // output may find none, and then v1 runs, as in CudaLinear.
+  const Project above_tuned = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+    if (lt.run(y, fp32, x, W, s.n, s.in, s.out)) return;
+    ASSERT_TRUE(fp32) << "the bucket's algorithm did not run for " << name(s) << " with bf16 output";
+    linear_cuda(ctx.cublas, y, fp32, x, W, s.n, s.in, s.out);
+  };
+  const int in = 256, out = 320;  // a shape of its own: no other test chooses for it
+  const size_t before = CublasLtLinear::chosen_shapes();
+  expect_matches_cpu(above_tuned, Shape{600, in, out}, rng, "bucket 1024");
+  const size_t first = CublasLtLinear::chosen_shapes();
+  EXPECT_EQ(first, before + 2) << "one choice for bf16 output and one for fp32";
+  for (int n : {513, 777, 1024}) expect_matches_cpu(above_tuned, Shape{n, in, out}, rng, "bucket 1024");
+  EXPECT_EQ(CublasLtLinear::chosen_shapes(), first) << "the rows of a bucket share its choice";
+  expect_matches_cpu(above_tuned, Shape{1025, in, out}, rng, "bucket 2048");
+  EXPECT_EQ(CublasLtLinear::chosen_shapes(), first + 2);
+
+  // Through CudaLinear: from version 2 on, prefill rows take the bucket's choice; version 1 asks cuBLAS.
+  for (int version : {1, kLinearVersionDefault}) {
+    CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, version);
+    const size_t chosen = CublasLtLinear::chosen_shapes();
+    expect_matches_cpu([&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+                         linear.run(y, fp32, x, W, s.n, s.in, s.out);
+                       },
+                       Shape{3000, in, out}, rng, "version " + std::to_string(version));
+    EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + (version == 1 ? 0 : 2)) << "version " << version;
+  }
+}
+
 #else
 TEST(Ch06_LinearCuda, Skipped) { GTEST_SKIP() << "built without CUDA"; }
 #endif

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <random>
+#include <utility>
 
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
@@ -263,6 +265,43 @@ TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     if (!golden_copies_match(model, 7, wgmma_runs))
       GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+}
+
+TEST(E2E_Gpu, PrefillsAfterTheWarmUpChooseNoGemmAlgorithm) {
+  // The model runner's warm-up runs a prefill of each power-of-two bucket of rows above 512 that fits
+  // (ModelRunner::warm_up_prefill), so that no prompt length makes cuBLAS choose an algorithm on the host
+  // in the middle of serving (06_tensor_parallel/linear.h, CublasLtLinear). Sequences of at most 1,000
+  // tokens: the warm-up's prefills hold several sequences.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef NANOVLLM_CUDA
+  EngineConfig c = gpu_config("tiny-qwen3-a");
+  c.max_model_len = 1000;
+  LLMEngine engine(c);
+  const ModelConfig& mc = engine.model_runner().model_config();
+  const int qkv_out = (mc.num_attention_heads + 2 * mc.num_key_value_heads) * mc.head_dim;
+  // The model's four projections (in -> out) have their choice for 513-1,024 and 1,025-2,048 rows.
+  const std::vector<std::pair<int, int>> projections = {{mc.hidden_size, qkv_out},
+                                                         {mc.num_attention_heads * mc.head_dim, mc.hidden_size},
+                                                         {mc.hidden_size, 2 * mc.intermediate_size},
+                                                         {mc.intermediate_size, mc.hidden_size}};
+  for (int n : {600, 1600})
+    for (auto [in, out] : projections)
+      EXPECT_TRUE(CublasLtLinear::has_choice(n, in, out, false)) << n << " rows, " << in << " -> " << out;
+  const size_t chosen = CublasLtLinear::chosen_shapes();
+  std::mt19937 rng(5);
+  const auto prompt = [&](int length) {
+    std::vector<int32_t> ids(static_cast<size_t>(length));
+    for (auto& id : ids) id = int32_t(rng() % uint32_t(mc.vocab_size));
+    return ids;
+  };
+  // 600 tokens (bucket 1,024), then 700 + 900 in one step (bucket 2,048), then 998 (bucket 1,024).
+  const auto first = engine.generate({prompt(600)}, {greedy(2)});
+  const auto both = engine.generate({prompt(700), prompt(900)}, {greedy(2)});
+  engine.generate({prompt(998)}, {greedy(2)});
+  EXPECT_EQ(first[0].token_ids.size(), 2u);
+  EXPECT_EQ(both[1].token_ids.size(), 2u);
+  EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen) << "a prefill after the warm-up chose an algorithm";
+#endif
 }
 
 TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
