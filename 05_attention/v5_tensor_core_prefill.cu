@@ -8,14 +8,16 @@
 //           key tile, so a row's softmax statistics live in the 4 lanes of one quad. K/V tiles are copied
 //           from the paged cache into shared memory with 16-byte cp.async, double-buffered (the next tile
 //           flies while this one computes), XOR-swizzled so that ldmatrix reads are free of bank
-//           conflicts. S stays in registers; the online softmax runs on it in fp32 with exp2; P is
-//           converted to bf16 in registers and used directly as the A operand of P V.
+//           conflicts. Q, read once, goes from memory straight into its A fragments (no shared tile), so
+//           that three blocks fit on an SM. S stays in registers; the online softmax runs on it in fp32
+//           with exp2; P is converted to bf16 in registers and used directly as the A operand of P V.
 //           Rows are (token, head-in-group) pairs, as in v1 (row -> token row / G, head kv_head * G +
 //           row % G), so the G heads of a group share every K/V tile. Causal, bottom-right: KV tiles
 //           past the block's last row are never loaded; the mask is applied only in tiles that cross
 //           the diagonal.
 // Launch:   grid (ceil(max_seqlen_q * G / 64), num_kv_heads, num_seqs), 128 threads, dynamic shared
-//           memory 5 tiles of 64 x head_dim bf16 (Q, K x 2, V x 2): 80 KB for head_dim 128, 40 KB for 64.
+//           memory 4 tiles of 64 x head_dim bf16 (K x 2, V x 2): 64 KB for head_dim 128, 32 KB for 64;
+//           at most 168 registers a thread, so that 3 blocks (12 warps) share an SM.
 //           blockIdx.x runs the row tiles backwards, so the heaviest (last rows, most keys) start first.
 //           Head dims 64 and 128 (others run v0), any GQA group, any block_size (a multiple of 16).
 // Measured: see NOTES.md.
@@ -38,10 +40,11 @@
 // 2 (l % 4) + {0, 1}: exactly the a0 / b0 / c0 pattern above. With .trans, register i of lane l receives
 // matrix i's column l / 4, rows 2 (l % 4) + {0, 1}.
 //
+// Q (A of S = Q K^T; rows x dims), k-step kk (dims 16 kk ..), is read from memory by each lane as the A
+// table says: a0 = two bf16 of row g at dims 16 kk + 2 t4 (one 32-bit load, the lower dim in the lower
+// half, as memory holds them), a1 the same of row g + 8, a2 and a3 at dims 16 kk + 8 + 2 t4.
+//
 // So, with M(r0, c0) meaning "the 8 x 8 block at row r0, column c0 of the shared tile":
-//   Q (A of S = Q K^T; rows x dims), k-step kk (dims 16 kk ..):
-//     matrices M(0, 0), M(8, 0), M(0, 8), M(8, 8) -> a0, a1, a2, a3;
-//     lane l gives row (l % 16), dims 16 kk + 8 (l / 16).
 //   K (B of S = Q K^T; k = dim, n = key): K's row-major (key, dim) tile is B column-major already, so no
 //     .trans; for keys 16 nn .. 16 nn + 15 (two n-tiles of 8) and dims 16 kk ..:
 //     matrices M(0, 0), M(0, 8), M(8, 0), M(8, 8) of those keys -> b0, b1 of n-tile 2 nn, b0, b1 of 2 nn + 1;
@@ -55,9 +58,7 @@
 //     a0 = S[2 kk] c0 c1, a1 = S[2 kk] c2 c3, a2 = S[2 kk + 1] c0 c1, a3 = S[2 kk + 1] c2 c3.
 //
 // Worked example, lane 13 (g = 3, t4 = 1):
-//   Q: it gives the address of matrix 1 (lanes 8..15), row 13 % 8 = 5 of it: tile row 8 + 5 = 13 = 13 % 16,
-//     dims 16 kk + 8 (13 / 16) = 16 kk. It receives in register 1 matrix 1's row 13 / 4 = 3, columns 2, 3:
-//     Q row 11, dims 16 kk + 2, 3 = a1's (row g + 8 = 11, k 2 t4 = 2, 3). Correct.
+//   Q: a1 is row g + 8 = 11, dims 16 kk + 2 t4 = 16 kk + 2, 3: the 32-bit word at dim 16 kk + 2 of row 11.
 //   K: it gives matrix 1's row 5: key 16 nn + 5 + 8 (13 / 16) = 16 nn + 5, dims 16 kk + 8 ((13 / 8) % 2)
 //     = 16 kk + 8; matrix 1 is keys 16 nn + 0..7, dims 16 kk + 8..15. It receives in register 1 matrix
 //     1's row 3, columns 2, 3: key 16 nn + 3, dims 16 kk + 10, 11 = B(k 10, 11; n 3) = b1 of n-tile 2 nn
@@ -84,6 +85,7 @@ namespace {
 constexpr int kBr = 64;        // rows per block (the paper's B_r): (token, head) pairs, 16 per warp
 constexpr int kBc = 64;        // keys per KV tile (the paper's B_c)
 constexpr int kThreads = 128;  // 4 warps
+constexpr int kBlocksPerSm = 3;  // 168 registers a thread at most: 3 x 128 x 168 of the SM's 65,536
 
 // Byte offset of chunk `chunk` (16 bytes, dims 8 chunk ..) of row `row` in a swizzled (64, HEAD_DIM) tile.
 template <int HEAD_DIM>
@@ -97,13 +99,11 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
 // Block (x, kv_head, seq) takes row tile t = gridDim.x - 1 - x: rows 64 t .. 64 t + 63 of sequence seq
 // that read KV head kv_head (row -> token row / G, head kv_head * G + row % G) -> their out rows.
 template <int HEAD_DIM>
-__global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_kernel(AttentionParams p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v5_tensor_core_prefill_kernel(AttentionParams p) {
   constexpr int CHUNKS = HEAD_DIM / 8;               // 16-byte chunks per tile row
-  constexpr int kTileBytes = kBr * HEAD_DIM * 2;     // one Q, K or V tile (kBr == kBc rows)
-  static_assert(kBr == kBc, "one tile size for Q, K and V");
+  constexpr int kTileBytes = kBc * HEAD_DIM * 2;     // one K or V tile
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sQ = smem_address(smem);     // (kBr, HEAD_DIM) swizzled
-  const uint32_t sK = sQ + kTileBytes;        // (2, kBc, HEAD_DIM) swizzled: double buffer
+  const uint32_t sK = smem_address(smem);     // (2, kBc, HEAD_DIM) swizzled: double buffer
   const uint32_t sV = sK + 2 * kTileBytes;    // (2, kBc, HEAD_DIM) swizzled: double buffer
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -124,15 +124,6 @@ __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_ker
 
   // Copies (all 128 threads): element i = threadIdx.x + 128 k of a tile is row i / CHUNKS, chunk
   // i % CHUNKS (for head_dim 128: rows tid / 16 + 8 k, chunk tid % 16, k = 0..7).
-  // Q rows past the sequence's rows are zeros (their S rows are finite, and never written).
-  for (int i = threadIdx.x; i < kBr * CHUNKS; i += kThreads) {
-    const int row = i / CHUNKS, chunk = i % CHUNKS, q_row = first_row + row;
-    const bool valid = q_row < num_rows;
-    const bf16* src = valid ? p.q + int64_t(r.q_row0 + q_row / G) * p.q_stride +
-                                  int64_t(kv_head * G + q_row % G) * HEAD_DIM + 8 * chunk
-                            : p.q;
-    cp_async_16(sQ + tile_offset<HEAD_DIM>(row, chunk), src, valid);
-  }
   // K/V tile t (keys 64 t .. 64 t + 63) into buffer `buf`, each key through the block table (a tile may
   // span several pages when block_size < 64). Keys past key_end are zeros: masked to weight 0, and
   // 0 * (uninitialised shared memory) could be NaN.
@@ -148,10 +139,29 @@ __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_ker
     }
   };
   load_kv_tile(0, 0);
-  cp_async_commit();  // group 0: Q and K/V tile 0
+  cp_async_commit();  // group 0: K/V tile 0
 
   // This lane's two rows of its warp's 16 (the fragments' g and g + 8): block rows warp * 16 + g + 8 h.
   const int g = lane / 4, t4 = lane % 4;
+  // Q's A fragments from memory (header: "Q"), one per 16 dims, while tile 0 flies. Rows past the
+  // sequence's rows are zeros (their S rows are finite, and never written).
+  uint32_t q_frag[HEAD_DIM / 16][4];
+  {
+    const uint32_t* q_rows[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int q_row = first_row + warp * 16 + g + 8 * h;
+      q_rows[h] = q_row < num_rows ? reinterpret_cast<const uint32_t*>(
+                                         p.q + int64_t(r.q_row0 + q_row / G) * p.q_stride +
+                                         int64_t(kv_head * G + q_row % G) * HEAD_DIM + 2 * t4)
+                                   : nullptr;
+    }
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; kk++)
+#pragma unroll
+      for (int e = 0; e < 4; e++)  // a0: row g, dims 16 kk + 2 t4; a1: row g + 8; a2, a3: dims + 8
+        q_frag[kk][e] = q_rows[e % 2] ? q_rows[e % 2][(16 * kk + 8 * (e / 2)) / 2] : 0u;
+  }
   int limit[2];  // each row's last visible key; rows past num_rows copy the last real row's (never written)
 #pragma unroll
   for (int h = 0; h < 2; h++) limit[h] = causal_offset + min(first_row + warp * 16 + g + 8 * h, num_rows - 1) / G;
@@ -160,7 +170,6 @@ __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_ker
   const int warp_key_end =
       warp_first_row < num_rows ? causal_offset + min(warp_first_row + 15, num_rows - 1) / G + 1 : 0;
 
-  uint32_t q_frag[HEAD_DIM / 16][4];  // A fragments of this warp's 16 Q rows, one per 16 dims
   float O[HEAD_DIM / 8][4];           // C fragments of O (16 rows x head_dim), one per 8 dims
 #pragma unroll
   for (int n = 0; n < HEAD_DIM / 8; n++) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
@@ -171,13 +180,8 @@ __global__ void __launch_bounds__(kThreads) attention_v5_tensor_core_prefill_ker
     const int buf = t % 2;
     if (t + 1 < num_kv_tiles) load_kv_tile(t + 1, buf ^ 1);  // the next tile flies while this one computes
     cp_async_commit();
-    cp_async_wait<1>();  // all groups but the newest are complete: tile t (and Q) are in, for this thread
+    cp_async_wait<1>();  // all groups but the newest are complete: tile t is in, for this thread
     __syncthreads();     // ... and for every thread: tile t is visible to every warp
-    if (t == 0) {
-#pragma unroll
-      for (int kk = 0; kk < HEAD_DIM / 16; kk++)
-        ldmatrix_x4(q_frag[kk], sQ + tile_offset<HEAD_DIM>(warp * 16 + lane % 16, 2 * kk + lane / 16));
-    }
     if (t * kBc < warp_key_end) {  // the same for the whole warp (mma and shuffles need every lane)
       const uint32_t sKt = sK + uint32_t(buf * kTileBytes), sVt = sV + uint32_t(buf * kTileBytes);
       // S = Q K^T (16 rows x 64 keys per warp): S[n] is the C fragment of keys 8 n .. 8 n + 7.
@@ -273,7 +277,7 @@ template <int HEAD_DIM>
 void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
   const int G = p.num_heads / p.num_kv_heads;
   const dim3 grid(unsigned((dims.max_seqlen_q * G + kBr - 1) / kBr), unsigned(p.num_kv_heads), unsigned(dims.num_seqs));
-  const int smem_bytes = 5 * kBr * HEAD_DIM * 2;  // Q, K x 2, V x 2
+  const int smem_bytes = 4 * kBc * HEAD_DIM * 2;  // K x 2, V x 2
   allow_dynamic_smem(reinterpret_cast<const void*>(attention_v5_tensor_core_prefill_kernel<HEAD_DIM>), smem_bytes,
                      stream);
   attention_v5_tensor_core_prefill_kernel<HEAD_DIM><<<grid, kThreads, smem_bytes, stream>>>(p);
