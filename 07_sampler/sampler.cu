@@ -52,11 +52,10 @@ constexpr float kUniformMargin = 1e-5f;
 
 __device__ inline float prune_bar(float best) { return best - (1e-3f + 1e-4f * fabsf(best)); }
 
-// key: the entry's sampler_key (sampler.h).
-__device__ inline bool cannot_win(float scaled_logit, float bar, uint64_t key) {
+__device__ inline bool cannot_win(float scaled_logit, float bar, uint64_t seed, uint64_t step, uint32_t i) {
   const float g = bar - scaled_logit;  // the noise the entry would need to reach the bar
   if (g > kMaxNoise) return true;      // more than any u can give: no hash needed
-  const float u = sampler_uniform_of_key(key);
+  const float u = sampler_uniform(seed, step, i);
   return u < __expf(-__expf(-g)) - kUniformMargin;  // G(u) < g, with room for the fast exponentials
 }
 
@@ -98,17 +97,14 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   } else {
     const float inverse_temperature = 1.0f / row.temperature;
     float bar = -INFINITY;  // the warp's: prune_bar(the best score of any of its lanes)
-    // Lane `lane` takes entry i = base + lane: the same entries as the loop above, the warp in step. Its
-    // hash key steps with i: kThreads entries on, kThreads x kSamplerKeyStep more (sampler.h).
-    const uint64_t key_step = kSamplerKeyStep * uint64_t(kThreads);
-    uint64_t key = sampler_key(row.seed, row.step, uint32_t(begin + warp * 32 + lane));
-    for (int base = begin + warp * 32; base < end; base += kThreads, key += key_step) {
+    // Lane `lane` takes entry i = base + lane: the same entries as the loop above, the warp in step.
+    for (int base = begin + warp * 32; base < end; base += kThreads) {
       const int i = base + lane;
       bool scores = false;
       if (i < end) {
         const float logit = l[i];
         non_finite |= isnan(logit) || logit == INFINITY;
-        scores = logit != -INFINITY && !cannot_win(logit * inverse_temperature, bar, key);
+        scores = logit != -INFINITY && !cannot_win(logit * inverse_temperature, bar, row.seed, row.step, uint32_t(i));
       }
       if (!__any_sync(0xffffffffu, scores)) continue;
       if (scores) {

@@ -37,22 +37,9 @@ SAMPLER_HD inline uint64_t mix64(uint64_t z) {
 // 23 bits, not 24: k + 0.5 then has at most 24 significant bits and is exact in fp32. With 24 bits,
 // 16777215 + 0.5 rounds to 16777216 and u = 1.0 exactly, once in 2^24 draws: Gumbel noise +inf, and that
 // token wins whatever its logit (about 1 step in 110 over a 151,936-token vocabulary).
-//
-// In two parts, so that a loop over the entries of a row need not redo the first: sampler_key is the hash's
-// input, seed + C (mix64(step) + index + 1) with C = kSamplerKeyStep, so entry index + d has the key
-// sampler_key(index) + d C (mod 2^64: an addition where a loop steps through the entries, where the whole
-// expression costs mix64(step) and a 64-bit multiplication); sampler_uniform_of_key finishes it. z >> 41
-// has 23 bits: converted from 32 bits, not 64 (the same value, exactly; a 64-bit conversion costs more).
-constexpr uint64_t kSamplerKeyStep = 0x9e3779b97f4a7c15ull;
-SAMPLER_HD inline uint64_t sampler_key(uint64_t seed, uint64_t step, uint32_t index) {
-  return seed + kSamplerKeyStep * (mix64(step) + index + 1);
-}
-SAMPLER_HD inline float sampler_uniform_of_key(uint64_t key) {
-  const uint64_t z = mix64(key);
-  return (float(uint32_t(z >> 41)) + 0.5f) * (1.0f / 8388608.0f);
-}
 SAMPLER_HD inline float sampler_uniform(uint64_t seed, uint64_t step, uint32_t index) {
-  return sampler_uniform_of_key(sampler_key(seed, step, index));
+  uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + index + 1));
+  return (float(z >> 41) + 0.5f) * (1.0f / 8388608.0f);
 }
 
 // Gumbel(0, 1) noise: -log(-log u).

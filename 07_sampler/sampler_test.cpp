@@ -285,22 +285,6 @@ TEST(Ch07_Uniform, DeterministicAndSensitiveToEveryInput) {
   EXPECT_FLOAT_EQ(gumbel_noise(42, 7, 1000), -std::log(-std::log(u)));
 }
 
-TEST(Ch07_Uniform, KeysStepByAConstantAlongTheRow) {
-  // The GPU kernel walks a row by adding kSamplerKeyStep x stride to an entry's key (sampler.cu): that must
-  // be the next entry's key, wrapping as 64-bit arithmetic does, and give the same number as the whole hash.
-  for (uint64_t seed : {0ull, 42ull, ~0ull})
-    for (uint64_t step : {0ull, 7ull, 1ull << 40}) {
-      uint64_t key = sampler_key(seed, step, 3);
-      for (uint32_t i = 3; i < 151936; i += 1024, key += kSamplerKeyStep * 1024u) {
-        ASSERT_EQ(key, sampler_key(seed, step, i)) << "seed " << seed << ", step " << step << ", index " << i;
-        ASSERT_EQ(sampler_uniform_of_key(key), sampler_uniform(seed, step, i));
-      }
-    }
-  // The reference formula, written out (as the extreme triples above): the split changed no number.
-  const uint64_t z = mix64(42 + 0x9e3779b97f4a7c15ull * (mix64(7) + 1000 + 1));
-  EXPECT_EQ(sampler_uniform(42, 7, 1000), (float(z >> 41) + 0.5f) * (1.0f / 8388608.0f));
-}
-
 TEST(Ch07_Uniform, ChiSquareOver1024Bins) {
   // 2^20 draws in 1024 equal bins (1024 expected per bin, df 1023), along each input in turn: the
   // vocabulary index (the draws of one row), the step (one token across a request) and the seed.
