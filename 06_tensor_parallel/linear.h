@@ -137,6 +137,7 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
+namespace nanovllm {
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefault = 6;
 
 // The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
@@ -144,6 +145,7 @@ constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefaul
 // CublasLtLinear takes the heuristic's choice per power-of-two bucket, for every version from 2 on (and
 // the model runner's prefill warm-up makes those choices: ModelRunner::warm_up_prefill).
 constexpr int kTunedMaxRows = 512;
+}  // namespace nanovllm
 
 #ifdef NANOVLLM_CUDA
 #include <cublasLt.h>
