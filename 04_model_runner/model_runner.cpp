@@ -398,28 +398,23 @@ std::vector<int> ModelRunner::prefill_warm_up_sizes() const {
 }
 
 void ModelRunner::warm_up_prefill(Rank& r) {
+  // As nano-vllm's warmup_model: sequences of token 0, each scheduled whole, through prepare_prefill; here
+  // each holds KV blocks of its own (nothing holds any yet) and greedy sampling, its token dropped.
+  SamplingParams greedy;
+  greedy.temperature = 0;
   for (int tokens : prefill_warm_up_sizes()) {
-    StepInputs in;
-    in.is_prefill = true;
-    in.cu_seqlens_q.push_back(0);
-    in.cu_seqlens_k.push_back(0);
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    std::vector<Sequence*> batch;
     int next_block = 0;
     for (int start = 0; start < tokens; start += max_model_len_) {
-      const int len = std::min(max_model_len_, tokens - start), blocks = ceil_div(len, block_size_);
-      for (int pos = 0; pos < len; pos++) {
-        in.input_ids.push_back(0);
-        in.positions.push_back(pos);
-        in.slot_mapping.push_back((next_block + pos / block_size_) * block_size_ + pos % block_size_);
-      }
-      for (int b = 0; b < block_table_width_; b++) in.block_tables.push_back(b < blocks ? next_block + b : -1);
-      next_block += blocks;
-      in.cu_seqlens_q.push_back(in.cu_seqlens_q.back() + len);
-      in.cu_seqlens_k.push_back(in.cu_seqlens_k.back() + len);
-      in.max_seqlen_q = std::max(in.max_seqlen_q, len);
-      in.max_seqlen_k = in.max_seqlen_q;
-      in.last_token_rows.push_back(in.cu_seqlens_q.back() - 1);
-      in.sampling.push_back(SamplingRow{0.0f, 0, 1.0f, 0, 0});  // greedy, as a padding row
+      const int len = std::min(max_model_len_, tokens - start);
+      seqs.push_back(std::make_unique<Sequence>(int64_t(seqs.size()), std::vector<int32_t>(size_t(len), 0), greedy,
+                                                0, block_size_));
+      for (int b = 0; b < ceil_div(len, block_size_); b++) seqs.back()->block_table.push_back(next_block++);
+      seqs.back()->num_scheduled_tokens = len;
+      batch.push_back(seqs.back().get());
     }
+    const StepInputs in = prepare_prefill(batch);
     execute(r, upload(r, in, in.max_seqlen_k), in.num_seqs());
   }
 }

@@ -129,7 +129,8 @@ class ModelRunner {
   // prefill can reach has its GEMM algorithm chosen (06_tensor_parallel/linear.h, CublasLtLinear) and
   // every kernel of a prefill has run once before the first request: choosing cost cublasGemmEx 0.3-4 ms
   // of host time per new prompt length, and 81-122 ms the first time (04_model_runner/NOTES.md, section 11).
-  // Sequences of zeros, written into the first KV blocks, which nothing holds yet; the tokens are dropped.
+  // Sequences of token 0 (Sequence objects through prepare_prefill), written into the first KV blocks, which
+  // nothing holds yet; the tokens are dropped.
   void warm_up_prefill(Rank& r);
   // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself.
   std::vector<int> graph_sizes() const;
