@@ -33,8 +33,8 @@ __device__ void warp_best(float& best, int& best_index) {
 // 1 - 2^-24, where it is 16.64.
 constexpr float kMaxNoise = 16.7f;
 
-// Whether entry i of a sampled row can be skipped without its exact score: true only when its score
-// l / T + G(u) is certainly below `bar`, a little under the best score its warp has so far.
+// Which entries of a sampled row can be skipped without their exact score: those whose score l / T + G(u)
+// is certainly below `bar`, a little under the best score their warp has so far (below_bar).
 //
 // The exact score costs a precise division and two precise logarithms, about 100 of the ~136 instructions
 // an entry took (04_model_runner/NOTES.md, section 5). The bound costs a multiplication and two fast
@@ -42,7 +42,7 @@ constexpr float kMaxNoise = 16.7f;
 // that says the score is below the bar. An entry whose scaled logit is more than kMaxNoise under the bar
 // is skipped before its random number is even hashed.
 //
-// Why it never skips a winner. scaled_logit is l * (1 / T), within 2 ulps of l / T; __expf is within a
+// Why it never skips a winner. The scaled logit is l * (1 / T), within 2 ulps of l / T; __expf is within a
 // few parts in 10^6, so the threshold is within 2e-6 of exp(-exp(-g)) and kUniformMargin (1e-5) covers
 // it; the exact score's own rounding (two logf, one addition: a few ulps of a value under 17 and of the
 // score) is far inside the bar's margin below the best (1e-3 + 1e-4 |best|, prune_bar). An entry that is
@@ -52,11 +52,11 @@ constexpr float kUniformMargin = 1e-5f;
 
 __device__ inline float prune_bar(float best) { return best - (1e-3f + 1e-4f * fabsf(best)); }
 
-__device__ inline bool cannot_win(float scaled_logit, float bar, uint64_t seed, uint64_t step, uint32_t i) {
-  const float g = bar - scaled_logit;  // the noise the entry would need to reach the bar
-  if (g > kMaxNoise) return true;      // more than any u can give: no hash needed
-  const float u = sampler_uniform(seed, step, i);
-  return u < __expf(-__expf(-g)) - kUniformMargin;  // G(u) < g, with room for the fast exponentials
+// The bound for an entry whose 23 random bits are k (sampler_bits_of_entry): true when its score is
+// certainly below the bar, g = bar - l / T being the noise the entry would need to reach it. (An entry
+// that would need more than kMaxNoise is skipped before its pair is hashed.)
+__device__ inline bool below_bar(float g, uint32_t k) {
+  return uniform_of_bits(k) < __expf(-__expf(-g)) - kUniformMargin;  // G(u) < g, with room for the fast exponentials
 }
 
 // Grid (chunks, num_rows), 1024 threads; with chunks > 1 the chunks of a row are one thread-block cluster.
@@ -65,11 +65,11 @@ __device__ inline bool cannot_win(float scaled_logit, float bar, uint64_t seed, 
 // sm_90) and writes the row's token. One block per row would leave most of the GPU idle at small batches:
 // at batch 1 a single SM would hash and log 151,936 entries.
 //
-// PRUNE: skip the exact score of the entries that cannot win (cannot_win); the same token as without.
+// PRUNE: skip the exact score of the entries that cannot win (below_bar); the same token as without.
 // The bar is the warp's: prune_bar of the best score any of its 32 lanes has so far. A per-lane bar would
 // leave most iterations with some lane whose entry beats its own short history, and a warp runs the exact
-// score if any lane needs it; against the warp's best, an iteration needs it only when one of 32 new
-// entries beats all the warp has seen, about ln(iterations) + 0.6 times per warp (the first included), and
+// score if any lane needs it; against the warp's best, an iteration needs it only when one of 128 new
+// entries (4 a lane) beats all the warp has seen, about ln(iterations) + 0.6 times per warp (the first included), and
 // only then is the bar updated (a max over the lanes, 5 shuffles). An entry skipped is below some lane's
 // best by the bar's margin: never the row's winner, nor tied with it.
 template <bool PRUNE>
@@ -79,7 +79,7 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   const int chunk = blockIdx.x, chunks = gridDim.x;
   const SamplingRow row = rows[blockIdx.y];
   const float* l = logits + int64_t(blockIdx.y) * vocab_size;
-  const int per_chunk = (vocab_size + chunks - 1) / chunks;
+  const int per_chunk = ((vocab_size + chunks - 1) / chunks + 3) / 4 * 4;  // a multiple of 4: see the pruned loop
   const int begin = chunk * per_chunk, end = min(vocab_size, begin + per_chunk);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool greedy = samples_greedily(row.temperature);
@@ -97,20 +97,40 @@ __global__ void sample_kernel(int32_t* tokens, const float* logits, int vocab_si
   } else {
     const float inverse_temperature = 1.0f / row.temperature;
     float bar = -INFINITY;  // the warp's: prune_bar(the best score of any of its lanes)
-    // Lane `lane` takes entry i = base + lane: the same entries as the loop above, the warp in step.
-    for (int base = begin + warp * 32; base < end; base += kThreads) {
-      const int i = base + lane;
-      bool scores = false;
-      if (i < end) {
-        const float logit = l[i];
-        non_finite |= isnan(logit) || logit == INFINITY;
-        scores = logit != -INFINITY && !cannot_win(logit * inverse_temperature, bar, row.seed, row.step, uint32_t(i));
+    // Lane `lane` takes the 4 entries i .. i + 3, i = base + 4 * lane: one 16-byte load where the row allows
+    // it, and two hashes, one a pair (sampler_bits). begin is a multiple of 4, so i is.
+    const bool vector_loads = reinterpret_cast<uintptr_t>(l) % 16 == 0;
+    for (int base = begin + warp * 128; base < end; base += 4 * kThreads) {
+      const int i = base + 4 * lane;
+      float v[4];
+      if (vector_loads && i + 3 < end) {
+        const float4 four = *reinterpret_cast<const float4*>(l + i);
+        v[0] = four.x, v[1] = four.y, v[2] = four.z, v[3] = four.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = i + j < end ? l[i + j] : -INFINITY;
       }
-      if (!__any_sync(0xffffffffu, scores)) continue;
-      if (scores) {
-        const float score = l[i] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i));
-        if (better(score, i, best, best_index)) best = score, best_index = i;
+      unsigned scores = 0;  // bit j: entry i + j needs its exact score
+#pragma unroll
+      for (int pair = 0; pair < 2; pair++) {
+        const float a = v[2 * pair], b = v[2 * pair + 1];
+        non_finite |= isnan(a) || a == INFINITY || isnan(b) || b == INFINITY;
+        // -Inf is masked (never a candidate); a NaN fails the comparison and the row gives -1 anyway.
+        const float ga = bar - a * inverse_temperature, gb = bar - b * inverse_temperature;
+        const bool hash_a = a != -INFINITY && ga <= kMaxNoise, hash_b = b != -INFINITY && gb <= kMaxNoise;
+        if (hash_a || hash_b) {
+          const uint64_t z = sampler_bits(row.seed, row.step, uint32_t(i / 2 + pair));
+          if (hash_a && !below_bar(ga, sampler_bits_of_entry(z, 0))) scores |= 1u << (2 * pair);
+          if (hash_b && !below_bar(gb, sampler_bits_of_entry(z, 1))) scores |= 2u << (2 * pair);
+        }
       }
+      if (!__any_sync(0xffffffffu, scores != 0)) continue;
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        if (scores >> j & 1) {
+          const float score = v[j] / row.temperature + gumbel_noise(row.seed, row.step, uint32_t(i + j));
+          if (better(score, i + j, best, best_index)) best = score, best_index = i + j;
+        }
       float warp_max = best;
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) warp_max = fmaxf(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, off));

@@ -32,14 +32,29 @@ SAMPLER_HD inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The 64 random bits of vocabulary entries 2 * pair and 2 * pair + 1 when generating the token at
+// position `step` of a request with seed `seed`. Two entries share one hash: its 64 bits hold both
+// entries' 23, and the hash's three 64-bit multiplications were most of what the GPU sampler's loop spent
+// per entry (04_model_runner/NOTES.md, section 5).
+SAMPLER_HD inline uint64_t sampler_bits(uint64_t seed, uint64_t step, uint32_t pair) {
+  return mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + pair + 1));
+}
+
+// Entry i's 23 random bits k within its pair's hash z: bits 41-63 for the even entry, 18-40 for the odd one.
+SAMPLER_HD inline uint32_t sampler_bits_of_entry(uint64_t z, uint32_t index) {
+  return uint32_t(index % 2 == 0 ? z >> 41 : (z >> 18) & 0x7fffff);
+}
+
+// k mapped to (k + 0.5) / 2^23, in the open interval (0, 1). 23 bits, not 24: k + 0.5 then has at most 24
+// significant bits and is exact in fp32. With 24 bits, 16777215 + 0.5 rounds to 16777216 and u = 1.0
+// exactly, once in 2^24 draws: Gumbel noise +inf, and that token wins whatever its logit (about 1 step in
+// 110 over a 151,936-token vocabulary).
+SAMPLER_HD inline float uniform_of_bits(uint32_t k) { return (float(k) + 0.5f) * (1.0f / 8388608.0f); }
+
 // The uniform number for vocabulary entry `index` when generating the token at position `step` of a
-// request with seed `seed`: 23 random bits k mapped to (k + 0.5) / 2^23, in the open interval (0, 1).
-// 23 bits, not 24: k + 0.5 then has at most 24 significant bits and is exact in fp32. With 24 bits,
-// 16777215 + 0.5 rounds to 16777216 and u = 1.0 exactly, once in 2^24 draws: Gumbel noise +inf, and that
-// token wins whatever its logit (about 1 step in 110 over a 151,936-token vocabulary).
+// request with seed `seed`.
 SAMPLER_HD inline float sampler_uniform(uint64_t seed, uint64_t step, uint32_t index) {
-  uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + index + 1));
-  return (float(z >> 41) + 0.5f) * (1.0f / 8388608.0f);
+  return uniform_of_bits(sampler_bits_of_entry(sampler_bits(seed, step, index / 2), index));
 }
 
 // Gumbel(0, 1) noise: -log(-log u).
@@ -76,8 +91,8 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 // sample_kernel (up to 8 blocks per row, a thread-block cluster, when the rows alone leave SMs idle); rows asking for top-k or top-p by sample_top_k_top_p_kernel
 // (sampler_top_k_top_p.cu: radix select, no sort), which writes -1 for a row with a NaN or an infinite
 // maximum. No host synchronisation or allocation: safe inside a CUDA graph. prune (the default) lets
-// sample_kernel skip the exact score of entries that provably cannot win (sampler.cu, cannot_win): the same
-// tokens, 35% less time at 256 rows; false scores every entry, the loop of sample_row_cpu.
+// sample_kernel skip the exact score of entries that provably cannot win (sampler.cu, below_bar): the same
+// tokens in 41% of the time at 256 rows; false scores every entry, the loop of sample_row_cpu.
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"
 

@@ -240,20 +240,21 @@ TEST(Ch07_Greedy, NonFiniteLogitsGiveNoToken) {
 // The uniform numbers
 
 TEST(Ch07_Uniform, StrictlyInsideZeroOneAtTheHashExtremes) {
-  // (seed, step, index) triples found by search for which the hash's top 24 bits are all ones or all
-  // zeros: the largest and the smallest u the function can return. u = 1 would make the Gumbel noise
-  // -log(-log 1) = +inf, and u = 0 would make it -inf.
+  // (seed, step, index) triples found by search for which the entry's 23 bits of its pair's hash are all
+  // ones or all zeros, for an even and an odd entry: the largest and the smallest u the function can
+  // return. u = 1 would make the Gumbel noise -log(-log 1) = +inf, and u = 0 would make it -inf.
   struct Triple {
     uint64_t seed, step;
     uint32_t index;
-    uint64_t top_bits;
+    uint32_t bits;
   };
-  for (Triple t : {Triple{0, 0, 1869153, 0xffffff}, Triple{0, 1576915, 2, 0xffffff}, Triple{1, 0, 1744052, 0},
-                   Triple{0, 0, 9913251, 0}}) {
+  for (Triple t : {Triple{0, 0, 3738306, 0x7fffff}, Triple{0, 0, 17709737, 0x7fffff}, Triple{0, 0, 19826502, 0},
+                   Triple{1, 0, 8834965, 0}}) {
     SCOPED_TRACE("seed " + std::to_string(t.seed) + ", step " + std::to_string(t.step) + ", index " +
                  std::to_string(t.index));
-    const uint64_t z = mix64(t.seed + 0x9e3779b97f4a7c15ull * (mix64(t.step) + t.index + 1));
-    ASSERT_EQ(z >> 40, t.top_bits) << "the triple no longer reaches the extreme (the hash changed?)";
+    const uint64_t z = mix64(t.seed + 0x9e3779b97f4a7c15ull * (mix64(t.step) + t.index / 2 + 1));
+    ASSERT_EQ(t.index % 2 == 0 ? z >> 41 : (z >> 18) & 0x7fffff, t.bits)
+        << "the triple no longer reaches the extreme (the hash changed?)";
     const float u = sampler_uniform(t.seed, t.step, t.index);
     EXPECT_GT(u, 0.0f);
     EXPECT_LT(u, 1.0f);
