@@ -544,6 +544,80 @@ TEST(Ch06_LinearCuda, PrefillRowsShareOneUntimedChoicePerPowerOfTwo) {
   }
 }
 
+namespace nanovllm::test {
+// early_start_test.cu
+void double_cuda(bf16* y, const bf16* x, size_t count, bool wait, cudaStream_t stream);
+void late_copy_after_nothing_cuda(bf16* x, const bf16* source, size_t count, long long delay_ns, cudaStream_t stream);
+}  // namespace nanovllm::test
+
+TEST(Ch06_LinearCuda, LateWriterTellsAKernelThatWaitsFromOneThatDoesNot) {
+  SKIP_WITHOUT_GPU();
+  if (!overlapped_launch_supported()) GTEST_SKIP() << "overlapped launches need compute capability 9.0";
+  CudaContext ctx;
+  const size_t count = 100000;
+  DeviceArray<bf16> x(count), y(count), y_reference(count);
+  DeviceArray<unsigned> counts(2);
+  // y = 2 x by a kernel that reads x at once, and by one that first waits for the kernel before it.
+  for (bool wait : {false, true})
+    EXPECT_EQ(waits_for_a_late_writer(ctx.stream, x.ptr, count, y.ptr, y_reference.ptr, count * sizeof(bf16), counts.ptr,
+                                      [&] { double_cuda(y.ptr, x.ptr, count, wait, ctx.stream); }),
+              wait)
+        << (wait ? "the kernel that waits" : "the kernel that does not wait");
+}
+
+TEST(Ch06_LinearCuda, CublasGemmsThatWaitStartEarlyInAGraphAndMatchCpu) {
+  // Qwen3-0.6B's four projections at 128 rows through CudaLinear's v1 (cuBLAS), each behind an overlapped
+  // kernel that writes x 20 µs after its wait, in one captured graph: the GEMMs whose kernel waits
+  // (take_gemm_predecessors) get programmatic edges (start_after), and every product still matches the CPU.
+  SKIP_WITHOUT_GPU();
+  if (!overlapped_launch_supported()) GTEST_SKIP() << "overlapped launches need compute capability 9.0";
+  std::mt19937 rng(15);
+  CudaContext ctx;
+  CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, /*version=*/1);
+  const std::vector<Shape> shapes = {{128, 1024, 4096}, {128, 2048, 1024}, {128, 1024, 6144}, {128, 3072, 1024}};
+  std::vector<std::vector<float>> want;
+  std::vector<std::unique_ptr<DeviceArray<bf16>>> sources, xs, ws, ys;
+  for (Shape s : shapes) {
+    std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng);
+    std::vector<float> w = random_bf16_values(size_t(s.out) * s.in, rng, 1.0f / std::sqrt(float(s.in)));
+    want.emplace_back(size_t(s.n) * s.out);
+    linear_cpu(want.back().data(), x.data(), w.data(), s.n, s.in, s.out);
+    sources.push_back(std::make_unique<DeviceArray<bf16>>(to_bf16(x)));
+    xs.push_back(std::make_unique<DeviceArray<bf16>>(x.size()));
+    ws.push_back(std::make_unique<DeviceArray<bf16>>(to_bf16(w)));
+    ys.push_back(std::make_unique<DeviceArray<bf16>>(size_t(s.n) * s.out));
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());  // the uploads (legacy stream) before ctx.stream (non-blocking) reads them
+  for (size_t i = 0; i < shapes.size(); i++)  // cuBLAS's first calls outside the capture
+    linear.run(ys[i]->ptr, false, sources[i]->ptr, ws[i]->ptr, shapes[i].n, shapes[i].in, shapes[i].out);
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+
+  linear.start_gemms_early(true);
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+  for (size_t i = 0; i < shapes.size(); i++) {
+    late_copy_after_nothing_cuda(xs[i]->ptr, sources[i]->ptr, xs[i]->n, 20000, ctx.stream);
+    linear.run(ys[i]->ptr, false, xs[i]->ptr, ws[i]->ptr, shapes[i].n, shapes[i].in, shapes[i].out);
+  }
+  CUDA_CHECK(cudaStreamEndCapture(ctx.stream, &graph));
+  const int started = start_after(graph, overlapped_nodes(graph, linear.take_gemm_predecessors()));
+  EXPECT_EQ(linear.products_asked(), int(shapes.size()));
+  EXPECT_EQ(started, linear.products_that_wait()) << "one edge for each product whose kernel waits";
+  std::printf("cuBLAS's kernel waits for its predecessor in %d of %d products\n", linear.products_that_wait(),
+              linear.products_asked());
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (auto& x : xs) x->poison();
+  for (auto& y : ys) y->poison();
+  CUDA_CHECK(cudaDeviceSynchronize());  // the poison first
+  CUDA_CHECK(cudaGraphLaunch(exec, ctx.stream));
+  CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+  for (size_t i = 0; i < shapes.size(); i++)
+    EXPECT_LE(rel_error(to_float(ys[i]->get()), want[i]), 1e-2) << name(shapes[i]);
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 #else
 TEST(Ch06_LinearCuda, Skipped) { GTEST_SKIP() << "built without CUDA"; }
 #endif
