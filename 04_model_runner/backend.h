@@ -79,10 +79,6 @@ class Backend {
   virtual void begin_capture() {}
   virtual int end_capture() { return -1; }  // an id for replay()
   virtual void replay(int /*graph*/) {}
-  // How many edges into a GEMM the graphs captured so far start early: the GEMM starts as the kernel before
-  // it passes its wait (CUDA: cuBLAS's GEMMs whose kernel was seen to wait for its predecessor,
-  // 06_tensor_parallel/linear.h, CudaLinear::take_gemm_predecessors).
-  virtual int gemms_started_early() const { return 0; }
 
   // Tensor parallelism. set_rank_group makes this backend rank `group.rank` of a group; all_reduce adds
   // x (n, cols) act over the ranks, in place, in rank order (every rank gets the same bits); gather gives

@@ -77,22 +77,14 @@ class CudaBackend final : public Backend {
   }
 
   bool supports_graphs() const override { return true; }
-  void begin_capture() override {
-    // cuBLAS's GEMMs started early, and the kernels after them launched as their blocks start (cuda_utils.h).
-    // Not with several ranks: there an early kernel's blocks would hold SM slots, waiting, that a peer's
-    // collective (which spins until this rank's joins it) may need when the ranks share a GPU.
-    linear_->start_gemms_early(group_.size == 1);
-    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  }
+  void begin_capture() override { CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
   int end_capture() override {
     cudaGraph_t graph;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    if (group_.size == 1) {
-      // A GEMM whose kernel waits for its predecessor (CudaLinear asks each product once) starts as an
-      // overlapped kernel before it passes its wait; the others keep their ordinary edges.
-      gemms_started_early_ += start_after(graph, overlapped_nodes(graph, linear_->take_gemm_predecessors()));
-      start_successors_early(graph);
-    }
+    // The kernels after cuBLAS's launched as its blocks start (cuda_utils.h). Not with several ranks: there an
+    // early kernel's blocks would hold SM slots, waiting, that a peer's collective (which spins until this
+    // rank's joins it) may need when the ranks share a GPU.
+    if (group_.size == 1) start_successors_early(graph);
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
@@ -100,7 +92,6 @@ class CudaBackend final : public Backend {
     return int(graphs_.size()) - 1;
   }
   void replay(int graph) override { CUDA_CHECK(cudaGraphLaunch(graphs_.at(size_t(graph)), stream_)); }
-  int gemms_started_early() const override { return gemms_started_early_; }
 
   size_t attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) const override {
     return decode_attention_scratch_bytes(max_seqs, max_context_len, s);
@@ -249,7 +240,6 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;
   std::unique_ptr<CudaLinear> linear_;  // the projections: our kernel, cuBLASLt or cuBLAS by batch size
-  int gemms_started_early_ = 0;  // edges into cuBLAS GEMMs made programmatic, over every capture
   std::vector<cudaGraphExec_t> graphs_;
 };
 

@@ -51,7 +51,6 @@ class ProfiledBackend final : public Backend {
   void begin_capture() override { inner_->begin_capture(); }
   int end_capture() override { return inner_->end_capture(); }
   void replay(int graph) override { inner_->replay(graph); }
-  int gemms_started_early() const override { return inner_->gemms_started_early(); }
   void* stream() const override { return inner_->stream(); }
   size_t attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) const override {
     return inner_->attention_scratch_bytes(max_seqs, max_context_len, s);

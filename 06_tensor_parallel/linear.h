@@ -21,9 +21,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <memory>
-#include <tuple>
 #include <vector>
 
 #include "01_sequence/base/common.h"
@@ -163,16 +160,6 @@ namespace nanovllm {
 // v1: on the handle's stream, with the handle's workspace. cuBLAS is column-major: see linear_cuda.cpp.
 void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
                  int in_features, int out_features);
-
-// Whether the kernels `launch` queues on `stream` (a product reading x, x_count bf16 values, and writing y,
-// y_bytes) wait for the kernel before them before they read x, so that a CUDA graph may start them early
-// (cuda_utils.h, start_after). Asked of the kernels themselves (linear_early_start.cu): y computed in stream
-// order into y_reference, then again with x zeroed, behind a kernel that lets them start at once and writes
-// x = 1 only 20 µs later, their incoming edges made programmatic; true when both give the same y, and it is
-// not all zeros. Runs and synchronises `stream`, which must not be capturing. counts: 2 unsigned of device
-// memory. False on a GPU without overlapped launches (before sm_90).
-bool waits_for_a_late_writer(cudaStream_t stream, bf16* x, size_t x_count, void* y, void* y_reference,
-                             size_t y_bytes, unsigned* counts, const std::function<void()>& launch);
 
 // v2: for 1 <= n <= kGemvMaxRows (decode's small batches). One warp per two weight rows computes them for
 // all n rows of x with 16-byte loads and a warp-shuffle sum. Needs in_features % 8 == 0 and 16-byte
@@ -394,40 +381,7 @@ class CudaLinear {
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
 
-  // cuBLAS's GEMMs started early in a captured decode step (04_model_runner/NOTES.md, section 4, "cuBLAS's
-  // GEMMs started as the kernel before them passes its wait"). With start_gemms_early(true), each v1 call
-  // of up to kTunedMaxRows rows made during a capture notes the nodes captured just before it (call it
-  // before each capture).
-  // take_gemm_predecessors, called once the capture has ended, asks waits_for_a_late_writer whether cuBLAS's
-  // kernel for each noted product waits for its predecessor (once per rows, in, out, output dtype and
-  // operands' alignment, with the product's own W and an x and y of its own; a product of more than
-  // kEarlyStartMaxBytes of x or y is not asked, and counts as not waiting), and returns the predecessors of
-  // those that do, forgetting the notes: the backend makes their edges into the GEMM programmatic
-  // (start_after).
-  static constexpr size_t kEarlyStartMaxBytes = size_t(16) << 20;
-  void start_gemms_early(bool on) {  // also forgets the notes of a capture that did not end
-    start_gemms_early_ = on;
-    captured_gemms_.clear();
-  }
-  std::vector<cudaGraphNode_t> take_gemm_predecessors();
-  // How many products were asked, and how many of them wait.
-  int products_asked() const { return int(waits_.size()); }
-  int products_that_wait() const {
-    return int(std::count_if(waits_.begin(), waits_.end(), [](const auto& p) { return p.second; }));
-  }
-
  private:
-  // A v1 call noted during a capture: the nodes before it, and what its question needs.
-  struct CapturedGemm {
-    std::vector<cudaGraphNode_t> before;
-    bool y_is_fp32;
-    int x_align, y_align;  // the operands' addresses modulo 256
-    const bf16* W;
-    int n, in_features, out_features;
-  };
-  // Whether cuBLAS's kernel for that product waits for its predecessor: asked once per product (see above).
-  bool gemm_waits(const CapturedGemm& g);
-
   // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to max_rows, a layer
   // projection (not the LM head), and a GPU and operands v6 can take. run passes kWgmmaFasterRows (or
   // kWgmmaNarrowRows for a narrow projection), run_silu kWgmmaSiluRows.
@@ -439,14 +393,6 @@ class CudaLinear {
   size_t workspace_bytes_;
   CublasLtLinear lt_;
   int version_;
-  bool start_gemms_early_ = false;
-  std::map<std::tuple<int, int, int, bool, int, int>, bool> waits_;  // (n, in, out, fp32 y, x and y alignment)
-  struct CudaFree {
-    void operator()(void* p) const { cudaFree(p); }
-  };
-  std::unique_ptr<void, CudaFree> probe_;  // waits_for_a_late_writer's x, y, y_reference and counts
-  size_t probe_bytes_ = 0;
-  std::vector<CapturedGemm> captured_gemms_;
 };
 
 }  // namespace nanovllm

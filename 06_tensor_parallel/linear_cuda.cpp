@@ -54,52 +54,7 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
   if (((version_ == 3 && n <= kTunedMaxRows) || (version_ >= 2 && n > kTunedMaxRows)) &&
       lt_.run(y, y_is_fp32, x, W, n, in_features, out_features))
     return;
-  if (start_gemms_early_ && n <= kTunedMaxRows) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
-    if (capture == cudaStreamCaptureStatusActive)
-      captured_gemms_.push_back({capture_tail(stream_), y_is_fp32, int(reinterpret_cast<uintptr_t>(x) % 256),
-                                 int(reinterpret_cast<uintptr_t>(y) % 256), W, n, in_features, out_features});
-  }
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
-}
-
-std::vector<cudaGraphNode_t> CudaLinear::take_gemm_predecessors() {
-  std::vector<cudaGraphNode_t> nodes;
-  for (const CapturedGemm& g : captured_gemms_)
-    if (gemm_waits(g)) nodes.insert(nodes.end(), g.before.begin(), g.before.end());
-  captured_gemms_.clear();
-  return nodes;
-}
-
-bool CudaLinear::gemm_waits(const CapturedGemm& g) {
-  const auto key = std::make_tuple(g.n, g.in_features, g.out_features, g.y_is_fp32, g.x_align, g.y_align);
-  const auto known = waits_.find(key);
-  if (known != waits_.end()) return known->second;
-  const size_t x_count = size_t(g.n) * g.in_features, y_bytes = size_t(g.n) * g.out_features * (g.y_is_fp32 ? 4 : 2);
-  if (x_count * sizeof(bf16) > kEarlyStartMaxBytes || y_bytes > kEarlyStartMaxBytes) return waits_[key] = false;
-  // x, y and y_reference, each at its call's offset within 256 bytes (cuBLAS may choose its kernel by the
-  // operands' alignment), then the two counts.
-  const size_t slot = (std::max(x_count * sizeof(bf16), y_bytes) + 511) / 256 * 256, bytes = 3 * slot + 256;
-  if (probe_bytes_ < bytes) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
-    probe_.reset();
-    probe_bytes_ = 0;
-    void* memory = nullptr;
-    if (cudaMalloc(&memory, bytes) != cudaSuccess) {  // no room for the question: the GEMM starts the ordinary way
-      (void)cudaGetLastError();
-      return waits_[key] = false;
-    }
-    probe_.reset(memory), probe_bytes_ = bytes;
-  }
-  char* base = static_cast<char*>(probe_.get());
-  bf16* x = reinterpret_cast<bf16*>(base + g.x_align);
-  void* y = base + slot + g.y_align;
-  void* y_reference = base + 2 * slot + g.y_align;
-  unsigned* counts = reinterpret_cast<unsigned*>(base + 3 * slot);
-  return waits_[key] = waits_for_a_late_writer(stream_, x, x_count, y, y_reference, y_bytes, counts, [&] {
-           linear_cuda(cublas_, y, g.y_is_fp32, x, g.W, g.n, g.in_features, g.out_features);
-         });
 }
 
 bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features,

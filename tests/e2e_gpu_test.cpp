@@ -267,38 +267,6 @@ TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
       GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
 }
 
-TEST(E2E_Gpu, CublasGemmsStartedEarlyMatchTransformersAndEagerSteps) {
-  // From 65 rows cuBLAS runs the tiny models' projections; in a captured decode step each GEMM whose kernel
-  // was seen to wait for its predecessor starts as the kernel before it passes its wait (CudaBackend's
-  // end_capture). The golden prompts 16 and 32 times over (128 and 256 rows a decode step): under graphs
-  // every copy gives the golden greedy tokens, and the same tokens as the eager steps, which start nothing
-  // early.
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
-    for (int copies : {16, 32}) {
-      Golden g = load(model);
-      std::vector<std::vector<int32_t>> prompts;
-      for (int c = 0; c < copies; c++) prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
-      EngineConfig c = gpu_config(model);
-      c.max_num_seqs = int(prompts.size());
-      LLMEngine graphs(c);
-      int started = 0;
-      backend_says(graphs, [&](const Backend& b) { return (started = b.gemms_started_early()) > 0; });
-      if (started == 0) GTEST_SKIP() << "no cuBLAS kernel here was seen to wait for its predecessor";
-      const std::string what = model + ", " + std::to_string(prompts.size()) + " sequences";
-      const std::vector<GenerateOutput> outputs = graphs.generate(prompts, {greedy(24)});
-      c.enforce_eager = true;
-      const std::vector<GenerateOutput> eager = LLMEngine(c).generate(prompts, {greedy(24)});
-      ASSERT_EQ(outputs.size(), prompts.size()) << what;
-      ASSERT_EQ(eager.size(), prompts.size()) << what;
-      const long each = long(g.prompts.size());
-      for (int k = 0; k < copies; k++)
-        expect_golden_greedy(g, std::vector<GenerateOutput>(outputs.begin() + k * each, outputs.begin() + (k + 1) * each),
-                             what + ", copy " + std::to_string(k));
-      for (size_t i = 0; i < prompts.size(); i++) EXPECT_EQ(outputs[i].token_ids, eager[i].token_ids) << what << ", case " << i;
-    }
-}
-
 TEST(E2E_Gpu, PrefillsAfterTheWarmUpChooseNoGemmAlgorithm) {
   // The model runner's warm-up runs a prefill of each power-of-two bucket of rows above 512 that fits
   // (ModelRunner::warm_up_prefill), so that no prompt length makes cuBLAS choose an algorithm on the host

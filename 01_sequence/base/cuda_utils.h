@@ -125,63 +125,6 @@ inline int start_successors_early(cudaGraph_t graph) {
   return moved;
 }
 
-// The nodes the next node captured on `stream` will depend on (the last ones captured); none when the
-// stream is not capturing.
-inline std::vector<cudaGraphNode_t> capture_tail(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  const cudaGraphNode_t* nodes = nullptr;
-  size_t count = 0;
-  CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &nodes, nullptr, &count));
-  if (status != cudaStreamCaptureStatusActive) return {};
-  return std::vector<cudaGraphNode_t>(nodes, nodes + count);
-}
-
-// Of `nodes`, the kernels launched overlapped: those a programmatic edge enters. Each lets its successors
-// start only once all its blocks have passed their own wait (allow_next_kernel, below).
-inline std::vector<cudaGraphNode_t> overlapped_nodes(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& nodes) {
-  size_t count = 0;
-  CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count));
-  std::vector<cudaGraphNode_t> from(count), to(count);
-  std::vector<cudaGraphEdgeData> data(count);
-  CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count));
-  std::vector<cudaGraphNode_t> overlapped;
-  for (cudaGraphNode_t node : nodes)
-    for (size_t i = 0; i < count; i++)
-      if (to[i] == node && data[i].type == cudaGraphDependencyTypeProgrammatic) {
-        overlapped.push_back(node);
-        break;
-      }
-  return overlapped;
-}
-
-// The ordinary edges from `predecessors` into kernel nodes become programmatic: each such kernel may start
-// as soon as every block of its predecessor has triggered it (allow_next_kernel), as an overlapped launch
-// does. Only for kernels that wait (griddepcontrol.wait) before they read anything their predecessor
-// writes, which the caller vouches for: a kernel launched the ordinary way, someone else's, does not say
-// so (06_tensor_parallel's waits_for_a_late_writer asks it). Returns the number of edges changed.
-inline int start_after(cudaGraph_t graph, const std::vector<cudaGraphNode_t>& predecessors) {
-  int changed = 0;
-  for (cudaGraphNode_t node : predecessors) {
-    size_t count = 0;
-    CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &count));
-    std::vector<cudaGraphNode_t> next(count);
-    std::vector<cudaGraphEdgeData> data(count);
-    CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, next.data(), data.data(), &count));
-    for (size_t i = 0; i < count; i++) {
-      cudaGraphNodeType type;
-      CUDA_CHECK(cudaGraphNodeGetType(next[i], &type));
-      if (type != cudaGraphNodeTypeKernel || data[i].type != cudaGraphDependencyTypeDefault) continue;
-      cudaGraphEdgeData early = data[i];
-      early.type = cudaGraphDependencyTypeProgrammatic;
-      early.from_port = cudaGraphKernelNodePortProgrammatic;
-      CUDA_CHECK(cudaGraphRemoveDependencies(graph, &node, &next[i], &data[i], 1));
-      CUDA_CHECK(cudaGraphAddDependencies(graph, &node, &next[i], &early, 1));
-      changed++;
-    }
-  }
-  return changed;
-}
-
 #ifdef __CUDACC__
 
 // The two halves of an overlapped launch, for kernels launched with launch_overlapped (no-ops before
