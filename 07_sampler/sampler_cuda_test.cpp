@@ -26,7 +26,8 @@ using namespace nanovllm::test;
 TEST(Ch07_SamplerCuda, SameTokensAsCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(10);
-  for (int vocab : {512, 1000, 151936}) {
+  // 1001: rows that start off a 16-byte boundary (the pruned loop's scalar loads) and ragged chunk ends.
+  for (int vocab : {512, 1000, 1001, 151936}) {
     const int rows = 64;
     std::vector<float> logits = random_bf16_values(size_t(rows) * vocab, rng, 3.0f);
     std::vector<SamplingRow> settings(rows);
