@@ -40,7 +40,7 @@ constexpr float kMaxNoise = 16.7f;
 // an entry took (04_model_runner/NOTES.md, section 5). The bound costs a multiplication and two fast
 // exponentials: G is increasing in u, so G(u) < g exactly when u < exp(-exp(-g)), and with g = bar - l / T
 // that says the score is below the bar. An entry whose scaled logit is more than kMaxNoise under the bar
-// is skipped before its random number is even hashed.
+// is skipped without its random number (its pair is hashed only if the other entry of the pair needs it).
 //
 // Why it never skips a winner. The scaled logit is l * (1 / T), within 2 ulps of l / T; __expf is within a
 // few parts in 10^6, so the threshold is within 2e-6 of exp(-exp(-g)) and kUniformMargin (1e-5) covers
