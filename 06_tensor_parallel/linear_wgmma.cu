@@ -238,19 +238,32 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const auto silu_of = [](float gate, float up) {
     return silu_times(__bfloat162float(__float2bfloat16(gate)), __bfloat162float(__float2bfloat16(up)));
   };
-  if (splits == 1 && SILU) {
-#pragma unroll
-    for (int i = 0; i < BN / 4; i++) {  // columns [0, BN / 2): gate; acc[i + BN / 4] is the same feature's up
-      const int row = row0 + row_of(i), col = gate0 + col_of(i);
-      if (row < n && col < half) store_float(y + int64_t(row) * half + col, silu_of(acc[i], acc[i + BN / 4]));
-    }
-    return;
-  }
+  // y's row length: out, or half of it with SILU. Neighbouring outputs go out in one store (acc[i] and
+  // acc[i + 1] are neighbours in a row; so are the 4 columns of a group below) where every row of y starts
+  // on a boundary of that store's size: one 4- or 8-byte store instead of single 2-byte ones (these cost up
+  // to 3 µs a call where one block writes its whole tile: 04_model_runner/NOTES.md, section 2, "v6's
+  // results stored two and four at a time").
+  const int y_cols = SILU ? half : out;
+  const bool pairs = y_cols % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(OutT)) == 0,
+             fours = y_cols % 4 == 0 && reinterpret_cast<uintptr_t>(y) % (4 * sizeof(OutT)) == 0;
   if (splits == 1) {
+    // SILU: columns [0, BN / 2) are gates, and acc[i + BN / 4] is the up of acc[i]'s feature.
+    constexpr int kOutputs = SILU ? BN / 4 : BN / 2;
+    const auto value = [&](int i) {
+      if constexpr (SILU) return silu_of(acc[i], acc[i + BN / 4]);
+      else return acc[i];
+    };
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) {
-      const int row = row0 + row_of(i), col = out0 + col_of(i);
-      if (row < n && col < out) store_float(y + int64_t(row) * out + col, acc[i]);
+    for (int i = 0; i < kOutputs; i += 2) {
+      const int row = row0 + row_of(i), col = (SILU ? gate0 : out0) + col_of(i);
+      if (row >= n) continue;
+      OutT* dst = y + int64_t(row) * y_cols + col;
+      if (pairs && col + 1 < y_cols) {
+        store_float2(dst, value(i), value(i + 1));
+      } else {
+        if (col < y_cols) store_float(dst, value(i));
+        if (col + 1 < y_cols) store_float(dst + 1, value(i + 1));
+      }
     }
     return;
   }
@@ -283,19 +296,20 @@ __global__ void __launch_bounds__(128 * WG, 1)
   for (int q = int(threadIdx.x); q < my_rows * kGroups; q += B::kThreads) {
     const int r = split + q / kGroups * splits, c = q % kGroups * 4;
     const float4 sum = sum_over_splits(r, c);
+    float4 values = sum;
     if (SILU) {
       const float4 up = sum_over_splits(r, c + BN / 2);
-      const float values[4] = {silu_of(sum.x, up.x), silu_of(sum.y, up.y), silu_of(sum.z, up.z), silu_of(sum.w, up.w)};
-      OutT* dst = y + int64_t(row0 + r) * half + gate0 + c;
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-        if (gate0 + c + j < half) store_float(dst + j, values[j]);
+      values = make_float4(silu_of(sum.x, up.x), silu_of(sum.y, up.y), silu_of(sum.z, up.z), silu_of(sum.w, up.w));
+    }
+    const int col = (SILU ? gate0 : out0) + c;
+    OutT* dst = y + int64_t(row0 + r) * y_cols + col;
+    if (fours && col + 3 < y_cols) {
+      store_float4(dst, values);
     } else {
-      const float values[4] = {sum.x, sum.y, sum.z, sum.w};
-      OutT* dst = y + int64_t(row0 + r) * out + out0 + c;
+      const float each[4] = {values.x, values.y, values.z, values.w};
 #pragma unroll
       for (int j = 0; j < 4; j++)
-        if (out0 + c + j < out) store_float(dst + j, values[j]);
+        if (col + j < y_cols) store_float(dst + j, each[j]);
     }
   }
   // No block exits (freeing its shared memory) while another still reads it. The reads have returned

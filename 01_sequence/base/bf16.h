@@ -86,6 +86,19 @@ __device__ inline void store_bf16x8(bf16* p, const float in[8]) {
 // logits). The projections' kernels are templates over that type.
 __device__ inline void store_float(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ inline void store_float(float* p, float v) { *p = v; }
+// Two and four neighbouring results in one store: 4 and 8 bytes of bf16, 8 and 16 of fp32. p must be
+// aligned to that size.
+__device__ inline void store_float2(bf16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ inline void store_float2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ inline void store_float4(bf16* p, float4 v) {
+  struct alignas(8) Bf16x4 {
+    __nv_bfloat162 h[2];
+  } four = {{__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)}};
+  *reinterpret_cast<Bf16x4*>(p) = four;
+}
+__device__ inline void store_float4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // The same 8 values already loaded as raw 16 bytes (a uint4), converted to float.
 __device__ inline void bf16x8_to_float(const uint4& raw, float out[8]) {
