@@ -240,8 +240,8 @@ __global__ void __launch_bounds__(128 * WG, 1)
   };
   // y's row length: out, or half of it with SILU. Neighbouring outputs go out in one store (acc[i] and
   // acc[i + 1] are neighbours in a row; so are the 4 columns of a group below) where every row of y starts
-  // on a boundary of that store's size: one 4- or 8-byte store instead of single 2-byte ones (these cost up
-  // to 3 µs a call where one block writes its whole tile: 04_model_runner/NOTES.md, section 2, "v6's
+  // on a boundary of that store's size: one 4- or 8-byte store instead of single 2-byte ones (these cost
+  // 1.4-9 µs a call where one block writes its whole tile: 04_model_runner/NOTES.md, section 2, "v6's
   // results stored two and four at a time").
   const int y_cols = SILU ? half : out;
   const bool pairs = y_cols % 2 == 0 && reinterpret_cast<uintptr_t>(y) % (2 * sizeof(OutT)) == 0,
