@@ -66,6 +66,12 @@ namespace nanovllm {
 //     cudaFree, work on the legacy default stream) or that may (the first launch of a kernel: the
 //     driver may load it or grow the local memory for it; the constructor runs its own kernels once, alone). Such a call waits for the
 //     peer's spinning kernel, which waits for this rank: a deadlock, broken only by the spin timeout.
+//     Nor copy from the device to the host (cudaMemcpy*, DeviceToHost) while a peer may already be inside
+//     the next collective: on an H200, a rank's 2-byte read-back after its first all-reduce, with its
+//     peers spinning in the second, now and then never completed (7 of 362 test processes, until the
+//     spin timeout; 0 of 342 once the test's ranks met at a host barrier after their reads). Read back
+//     after every rank has left the collectives, as the engine does (rank 0 downloads a step's tokens
+//     once every rank's job has finished).
 // A kSpin kernel that waits longer than spin_timeout_s for a peer prints which barrier, rank and block,
 // then traps: the CUDA context is lost, the next CUDA call of every rank fails, nothing hangs. A kEvents
 // rank waits for its peers on the host instead, for as long as they take: a rank that fails must call

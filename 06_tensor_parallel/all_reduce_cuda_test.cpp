@@ -139,6 +139,8 @@ class Ranks {
                                stream(rank)));
     CUDA_CHECK(cudaStreamSynchronize(stream(rank)));  // the staging buffer is free again
   }
+  // A read-back must not overlap a peer's next collective (all_reduce.h: a device-to-host copy may then
+  // never complete): every check waits at barrier() after its reads, before the next call's launches.
   template <class T>
   std::vector<T> get(int rank, const T* device_src, size_t count) {
     if (count == 0) return {};
@@ -250,6 +252,7 @@ void check_sizes(const std::vector<int>& devices, Collectives how) {
       ranks.put(rank, bits(view[size_t(rank)]), calls[c].in[size_t(rank)]);
       comm.all_reduce(rank, view.data(), calls[c].n, ranks.stream(rank));
       got[size_t(rank)][c] = ranks.get(rank, bits(view[size_t(rank)]), size_t(calls[c].n));
+      ranks.barrier();  // no rank starts the next call while a peer still reads back (get)
     }
   });
   ASSERT_TRUE(errors.empty()) << lines(errors);
@@ -309,6 +312,7 @@ void check_many_calls(const std::vector<int>& devices, Collectives how) {
         comm.all_reduce(rank, x.data(), c.n, stream);
         got[size_t(rank)][i] = ranks.get(rank, bits(x[size_t(rank)]), size_t(c.n));
       }
+      ranks.barrier();  // no rank starts the next call while a peer still reads back (get)
     }
   });
   ASSERT_TRUE(errors.empty()) << lines(errors);
@@ -359,6 +363,7 @@ void check_gather(const std::vector<int>& devices, Collectives how) {
       if (rank == 0) ranks.put(rank, out[0], std::vector<float>(out_elems, NAN));
       comm.gather(rank, shards.data(), c.rows, c.shard_cols, rank == 0 ? out[0] : nullptr, c.out_cols, ranks.stream(rank));
       if (rank == 0) got[i] = ranks.get(rank, out[0], out_elems);
+      ranks.barrier();  // no rank starts the next call while a peer still reads back (get)
     }
   });
   ASSERT_TRUE(errors.empty()) << lines(errors);
@@ -416,6 +421,7 @@ void check_graph(const std::vector<int>& devices) {
       r.y1 = ranks.get(rank, bits(x1[size_t(rank)]), size_t(n1));
       r.y2 = ranks.get(rank, bits(x2[size_t(rank)]), size_t(n2));
       if (rank == 0) r.gathered = ranks.get(rank, my_out, size_t(rows) * out_cols);
+      ranks.barrier();  // no rank starts the next step while a peer still reads back (get)
     };
     step(0, nullptr);
     // Thread-local capture: the other ranks' threads go on using CUDA meanwhile (as the engine's do).
