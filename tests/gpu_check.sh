@@ -14,6 +14,8 @@
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
 #              barrier), 04_model_runner/NOTES.md section 9
+#   timeline   tests/timeline.cpp (CUPTI, loaded through CUDA_INJECTION64_PATH): bench-step's graph at batch
+#              ${TIMELINE_BATCHES:-1 16 64 256}, kernel by kernel, beside the untraced step (04 NOTES, section 13)
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
@@ -88,6 +90,19 @@ for phase in $phases; do
     chain)
       nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o $B/chain_bench > "$out/chain-build.log" 2>&1 &&
         $B/chain_bench | tee "$out/chain.log" || status=1 ;;
+    timeline)
+      cupti_h=$(find /usr/local/cuda*/ -name cupti.h 2>/dev/null | head -1)
+      cupti_so=$(find /usr/local/cuda*/ -name 'libcupti.so' 2>/dev/null | head -1)
+      nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC -I"$(dirname "$cupti_h")" tests/timeline.cpp -o $B/libtimeline.so \
+        -L"$(dirname "$cupti_so")" -lcupti -Xlinker -rpath -Xlinker "$(dirname "$cupti_so")" > "$out/timeline-build.log" 2>&1 ||
+        { status=1; tail -5 "$out/timeline-build.log"; continue; }
+      for b in ${TIMELINE_BATCHES:-1 16 64 256}; do
+        $B/nanovllm bench-step --random qwen3-0.6b --batch $b > "$out/step-$b.log" 2>&1
+        CUDA_INJECTION64_PATH=$PWD/$B/libtimeline.so $B/nanovllm bench-step --random qwen3-0.6b --batch $b \
+          > "$out/timeline-$b.log" 2>&1 || status=1
+        echo "batch $b: $(grep -oE '[0-9.]+ ms under a CUDA graph' "$out/step-$b.log") untraced; $(grep '^timeline:' "$out/timeline-$b.log")"
+        sed -n '/^by kernel/,$p' "$out/timeline-$b.log"
+      done ;;
     tp)
       $B/test_ch04 --gtest_filter='*TensorParallel*' --gtest_brief=1 2>&1 | tail -3
       $B/test_ch06 --gtest_filter='*AllReduce*' --gtest_brief=1 2>&1 | tail -3
