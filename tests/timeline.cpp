@@ -49,6 +49,8 @@ struct KernelRecord {
 std::mutex g_mutex;
 std::vector<KernelRecord>* g_records = new std::vector<KernelRecord>;  // read at exit, so never freed
 
+// A failed CUPTI call is reported on stderr and the program runs on: the timeline is a spectator, and a
+// program that cannot be traced should still give its own answer.
 void check(CUptiResult result, const char* what) {
   if (result == CUPTI_SUCCESS) return;
   const char* text = nullptr;
@@ -83,12 +85,15 @@ std::string short_name(const char* mangled) {
   return s.size() > 56 ? s.substr(0, 53) + "..." : s;
 }
 
+// CUPTI asks for a buffer to fill with activity records; buffer_completed frees it.
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *size = size_t(16) << 20;
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
   *max_records = 0;  // as many as fit
 }
 
+// CUPTI hands back a buffer it has filled (when full, or at cuptiActivityFlushAll), from its own thread:
+// keep its kernel records, named short, under the lock.
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid_bytes) {
   std::vector<KernelRecord> got;
   CUpti_Activity* record = nullptr;
@@ -111,6 +116,7 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
+// At exit: flush CUPTI's buffers, then print the tables described at the top of this file.
 void report() {
   cuptiActivityFlushAll(1);
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -169,7 +175,8 @@ void report() {
   std::printf("timeline: %zu replays of graph %u, %zu kernels each: span %.1f us, kernel durations summed %.1f us\n",
               replays.size(), graph, order.size(), span / double(replays.size()), busy);
   const int shown = env_int("TIMELINE_NODES", 40);
-  if (shown > 0) std::printf("%-4s %-56s %6s %5s %9s %8s %8s\n", "node", "kernel", "grid", "block", "start", "duration", "adds");
+  if (shown > 0)
+    std::printf("%-4s %-56s %6s %5s %9s %8s %8s\n", "node", "kernel", "grid", "block", "start", "duration", "adds");
   for (size_t i = 0; i < order.size() && int(i) < shown; i++)
     std::printf("%-4zu %-56s %6d %5d %9.2f %8.2f %8.2f\n", i, order[i].name.c_str(), order[i].grid, order[i].block,
                 order[i].start, order[i].duration, order[i].adds);
