@@ -133,16 +133,7 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
 
   if (kv_head >= num_kv_heads) {  // a v head: a copy
     if (slot < 0) return;
-    bf16* dst = v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM;
-    // Every load before the first store: dst and x are both bf16 pointers, so the compiler may not move a
-    // load above a store that might alias it, and a copy written load, store, load, store issues each load
-    // only after the store before it. Measured: ~0.1 µs a call off the chain (04_model_runner/NOTES.md,
-    // section 13), less than the round trips it seemed to cost.
-    bf16 v[HEAD_DIM / 32];
-#pragma unroll
-    for (int e = 0; e < HEAD_DIM / 32; e++) v[e] = x[lane + 32 * e];
-#pragma unroll
-    for (int e = 0; e < HEAD_DIM / 32; e++) dst[lane + 32 * e] = v[e];
+    copy_head<HEAD_DIM>(v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM, x, lane);
     return;
   }
   float x1[PER_LANE], x2[PER_LANE];

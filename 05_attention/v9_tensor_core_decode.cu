@@ -233,13 +233,8 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
       load_head<HEAD_DIM>(q_row + int64_t(p.num_heads + kv_head) * HEAD_DIM, x1, x2, lane);
       norm_rope_head<HEAD_DIM>(x1, x2, k_factors, p.eps);
       store_head<HEAD_DIM>(p.k_cache_out + at, x1, x2, lane);
-    } else if (warp == 3) {  // V: a copy, every load before the first store (as qk_norm_rope_store_kernel's)
-      const bf16* v_raw = q_row + int64_t(p.num_heads + p.num_kv_heads + kv_head) * HEAD_DIM;
-      bf16 v[HEAD_DIM / 32];
-#pragma unroll
-      for (int e = 0; e < HEAD_DIM / 32; e++) v[e] = v_raw[lane + 32 * e];
-#pragma unroll
-      for (int e = 0; e < HEAD_DIM / 32; e++) p.v_cache_out[at + lane + 32 * e] = v[e];
+    } else if (warp == 3) {
+      copy_head<HEAD_DIM>(p.v_cache_out + at, q_row + int64_t(p.num_heads + p.num_kv_heads + kv_head) * HEAD_DIM, lane);
     }
   };
 
