@@ -162,7 +162,8 @@ void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, 
                  int in_features, int out_features);
 
 // v2: for 1 <= n <= kGemvMaxRows (decode's small batches). One warp per two weight rows computes them for
-// all n rows of x with 16-byte loads and a warp-shuffle sum. Needs in_features % 8 == 0 and 16-byte
+// all n rows of x with 16-byte loads and a warp-shuffle sum; rows longer than 1,024 in_features are split
+// over up to 4 warps of a block, whose sums meet in shared memory. Needs in_features % 8 == 0 and 16-byte
 // aligned x and W: linear_gemv_fits says whether a call qualifies (linear_gemv_cuda fails otherwise).
 constexpr int kGemvMaxRows = 16;
 // ...but it beats cuBLAS only for one row: on the H200 a decode step at batch 1 took 1.30 ms with it

@@ -142,12 +142,13 @@ TEST(Ch06_LinearCuda, GemvMatchesCpuUpTo16Rows) {  // v2
   const Project v2 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
     linear_gemv_cuda(y, fp32, x, W, s.n, s.in, s.out, stream);
   };
-  // Qwen3-0.6B's qkv and down_proj; rows of 96 and 200 bf16 (12 and 25 chunks: lanes idle); 290 outputs
-  // (the last block's last warps have none), 33 and 20,011 (the last warp's second row is past the end);
-  // a wide one like the LM head.
+  // Qwen3-0.6B's qkv, o_proj and down_proj (the last two split over 2 and 3 warps); rows of 96 and 200 bf16
+  // (12 and 25 chunks: lanes idle); 290 outputs (the last block's last warps have none), 33 and 20,011 (the
+  // last warp's second row is past the end); a wide one like the LM head; 513 chunks over 4 splits of two
+  // rounds, the last split's second round one chunk.
   for (int n : {1, 2, 3, 8, 16})
-    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 3072, 1024}, Shape{n, 96, 290}, Shape{n, 200, 33},
-                    Shape{n, 1024, 20011}})
+    for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 96, 290},
+                    Shape{n, 200, 33}, Shape{n, 1024, 20011}, Shape{n, 4104, 35}})
       expect_matches_cpu(v2, s, rng, "v2");
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
@@ -317,11 +318,13 @@ TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5
   const Project v5 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
     linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
   };
-  for (int n : {1, 2, 3, 8, 16})
+  for (int n : {1, 2, 3, 8, 16}) {
     for (Shape s : silu_shapes(n)) {
       expect_silu_matches(v2_silu, v2, s, ctx.stream, rng, "v2 + silu");
       expect_silu_matches(v5_silu, v5, s, ctx.stream, rng, "v5 + silu");
     }
+    expect_silu_matches(v2_silu, v2, Shape{n, 2056, 66}, ctx.stream, rng, "v2 + silu, 3 splits");  // 257 chunks
+  }
   // Where v5 would split the in_features (few outputs, many in_features), it does not fuse: nothing is queued.
   ASSERT_GT(linear_gemv_mma_splits(4, 4096, 256, ctx.workspace.n), 1);
   DeviceArray<bf16> x{size_t(4) * 4096}, W{size_t(256) * 4096}, y{size_t(4) * 128};

@@ -12,8 +12,13 @@
 //                      (in = 1024: 128 chunks, 4 per lane, all requested before the first is used)
 //   acc[m][r]:         lane l's part of y[m, o0 + r], fp32; a warp-wide sum at the end
 //
+// Rows longer than one round (in > 1,024: o_proj's 2,048, down_proj's 3,072) are split over `splits`
+// warps of the block, one round each, so that every weight is requested before the kernel's wait instead
+// of one round per round trip after it; the warps' sums meet in shared memory, added in split order.
+//
 // Versions of the projection (linear.h): v1 cublasGemmEx, v2 this kernel, v3 cuBLASLt with a timed
 // algorithm. Prediction and measurement: 04_model_runner/NOTES.md. The CPU reference is linear_cpu.
+#include <algorithm>
 #include <cstdint>
 
 #include "06_tensor_parallel/linear.h"
@@ -22,30 +27,38 @@ namespace nanovllm {
 
 namespace {
 
-constexpr int kWarps = 4;           // warps per block (128 threads)
+constexpr int kWarps = 4;           // warps per block (128 threads); splits x pairs of rows, at most 4
+constexpr int kMaxSplits = 4;       // in_features split over at most 4 warps: 4,096 in one round
 constexpr int kRowsPerWarp = 2;     // weight rows per warp: each x chunk loaded serves both
 constexpr int kChunksInFlight = 4;  // 16-byte weight loads per lane and row issued before any is used:
                                     // 2 rows x 4 x 16 B = 128 B per lane, 4 KB per warp in flight
 
 // y (n, out) OutT = x (n, in) bf16 @ W (out, in)^T bf16, n <= MAX_N; in % 8 == 0, x and W 16-byte aligned.
-// Warp w of block b computes output features o0 = (b * kWarps + w) * kRowsPerWarp and o0 + 1 for every
-// row m < n (out = 4096: 2048 warps, 512 blocks).
-// SILU (the MLP's gate_up with its activation in the ending): warp w of block b takes feature
-// j = b * kWarps + w, its two weight rows are gate row j and up row out / 2 + j, and it writes
-// y (n, out / 2) bf16 [m][j] = silu(gate) * up, each rounded to bf16 first as the projection would store it:
-// the bits of this kernel's projection followed by silu_and_mul_kernel (04_model_runner/layers.cu).
+// A block is `splits` x P warps (splits x P <= kWarps; launch_gemv picks them): warp w takes split
+// s = w / P of the in_features (chunks [s per, (s + 1) per), per = ceil(chunks / splits)) of the P-th pair
+// p = w % P, and pair b * P + p of block b computes output features o0 = (b * P + p) * kRowsPerWarp and
+// o0 + 1 for every row m < n (out = 4096, one split: 2048 warps, 512 blocks). With one split the warp's
+// lanes add up their parts and lane 0 writes; with several, each warp's lane 0 puts its sums in shared
+// memory and split 0's lane 0 adds them in split order and writes.
+// SILU (the MLP's gate_up with its activation in the ending): pair j = b * P + p is feature j, its two
+// weight rows are gate row j and up row out / 2 + j, and it writes y (n, out / 2) bf16 [m][j] =
+// silu(gate) * up, each rounded to bf16 first as the projection would store it: the bits of this kernel's
+// projection followed by silu_and_mul_kernel (04_model_runner/layers.cu).
 template <int MAX_N, class OutT, bool SILU = false>
 __global__ void __launch_bounds__(kWarps * 32)
-    linear_gemv_kernel(OutT* y, const bf16* x, const bf16* W, int n, int in, int out) {
+    linear_gemv_kernel(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, int splits) {
   static_assert(kRowsPerWarp == 2, "SILU's two rows are one feature's gate and up");
-  const int lane = threadIdx.x % 32;
-  const int warp_id = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int pairs = blockDim.x / 32 / splits;  // P
+  const int split = warp / pairs, pair = blockIdx.x * pairs + warp % pairs;
   const int half = out / 2;
-  const int o0 = SILU ? warp_id : warp_id * kRowsPerWarp;  // SILU: the feature
+  const int o0 = SILU ? pair : pair * kRowsPerWarp;  // SILU: the feature
   auto w_row = [&](int r) { return SILU ? (r == 0 ? o0 : half + o0) : o0 + r; };  // weight row r of the warp
   auto row_ok = [&](int r) { return SILU ? o0 < half : o0 + r < out; };
   const bool rows_here = row_ok(0);  // false: a whole warp past the last row
   const int chunks = in / 8;
+  const int per_split = (chunks + splits - 1) / splits;
+  const int c_begin = split * per_split, c_end = min(chunks, c_begin + per_split);  // never empty: launch_gemv
   const uint4* x4 = reinterpret_cast<const uint4*>(x);  // (n, chunks): 8 bf16 per uint4
   const uint4* w4 = reinterpret_cast<const uint4*>(W);  // (out, chunks)
 
@@ -55,27 +68,27 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; r++) acc[m][r] = 0.0f;
 
-  for (int base = 0; base < chunks; base += 32 * kChunksInFlight) {
-    // Request this round's weight chunks first (past the end of a row or of W: zeros, never used).
+  for (int base = c_begin; base < c_end; base += 32 * kChunksInFlight) {
+    // Request this round's weight chunks first (past the end of a split, a row or W: zeros, never used).
     uint4 w[kRowsPerWarp][kChunksInFlight];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; r++)
 #pragma unroll
       for (int u = 0; u < kChunksInFlight; u++) {
         const int c = base + 32 * u + lane;
-        w[r][u] = c < chunks && row_ok(r) ? __ldcs(w4 + int64_t(w_row(r)) * chunks + c) : make_uint4(0, 0, 0, 0);
+        w[r][u] = c < c_end && row_ok(r) ? __ldcs(w4 + int64_t(w_row(r)) * chunks + c) : make_uint4(0, 0, 0, 0);
       }
     // Launched overlapped: the weights are no other kernel's output, so the first round of them is on its
-    // way (for in <= 1,024, all of them) while the previous kernel, which writes x, finishes.
-    if (base == 0) {
+    // way (for in <= 1,024 x splits, all of them) while the previous kernel, which writes x, finishes.
+    if (base == c_begin) {
       wait_for_previous_kernel();
       allow_next_kernel();
-      if (!rows_here) return;
+      if (!rows_here && splits == 1) return;  // with splits, every warp meets at the barrier below
     }
 #pragma unroll
     for (int u = 0; u < kChunksInFlight; u++) {
       const int c = base + 32 * u + lane;
-      if (c >= chunks) break;  // this lane's row tail (in = 96: 12 chunks, lanes 12-31 idle)
+      if (c >= c_end) break;  // this lane's split tail (in = 96: 12 chunks, lanes 12-31 idle)
       float wf[kRowsPerWarp][8];
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; r++) bf16x8_to_float(w[r][u], wf[r]);
@@ -91,41 +104,66 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  // Every lane holds part of each dot product: sum over the warp, lane 0 writes.
+  // Every lane holds part of each dot product: sum over the warp, then over the splits.
+  float sum[MAX_N][kRowsPerWarp];
 #pragma unroll
-  for (int m = 0; m < MAX_N; m++) {
-    if (m >= n) break;
-    if constexpr (SILU) {
-      const float gate = __bfloat162float(__float2bfloat16(warp_sum(acc[m][0])));
-      const float up = __bfloat162float(__float2bfloat16(warp_sum(acc[m][1])));
-      if (lane == 0) store_float(y + int64_t(m) * half + o0, silu_times(gate, up));
-    } else {
+  for (int m = 0; m < MAX_N; m++)
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) sum[m][r] = m < n ? warp_sum(acc[m][r]) : 0.0f;
+  if (splits > 1) {
+    __shared__ float part[kWarps][MAX_N][kRowsPerWarp];  // (warp, row of x, weight row): a warp's sums
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < MAX_N; m++)
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; r++) part[warp][m][r] = sum[m][r];
+    __syncthreads();  // every split's sums are in shared memory before split 0 adds them
+    if (split != 0 || !rows_here) return;
+#pragma unroll
+    for (int m = 0; m < MAX_N; m++)
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; r++) {
-        const float sum = warp_sum(acc[m][r]);
-        if (lane == 0 && o0 + r < out) store_float(y + int64_t(m) * out + o0 + r, sum);
+        float total = part[warp][m][r];
+        for (int s = 1; s < splits; s++) total += part[s * pairs + warp][m][r];
+        sum[m][r] = total;
       }
+  }
+#pragma unroll
+  for (int m = 0; m < MAX_N; m++) {
+    if (m >= n || lane != 0) break;
+    if constexpr (SILU) {
+      const float gate = __bfloat162float(__float2bfloat16(sum[m][0]));
+      const float up = __bfloat162float(__float2bfloat16(sum[m][1]));
+      store_float(y + int64_t(m) * half + o0, silu_times(gate, up));
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; r++)
+        if (o0 + r < out) store_float(y + int64_t(m) * out + o0 + r, sum[m][r]);
     }
   }
 }
 
 // One instance per power of two up to 16 rows (the CUDA graph batch sizes 1, 2, 4, 8, 16): n = 3 runs
-// the 4-row kernel with its last row skipped.
+// the 4-row kernel with its last row skipped. Splits: as many rounds as a row has, at most kMaxSplits
+// (so every split starts inside the row: (splits - 1) * ceil(chunks / splits) < chunks when chunks > 128).
 template <class OutT, bool SILU = false>
 void launch_gemv(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
-  const int warps = SILU ? out / 2 : (out + kRowsPerWarp - 1) / kRowsPerWarp;  // a feature or 2 rows each
-  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
-  const unsigned threads = kWarps * 32;
+  const int chunks = in / 8;
+  const int splits = std::min(kMaxSplits, std::max(1, (chunks + 32 * kChunksInFlight - 1) / (32 * kChunksInFlight)));
+  const int pairs = std::max(1, kWarps / splits);                   // pairs of weight rows a block
+  const int warps = SILU ? out / 2 : (out + kRowsPerWarp - 1) / kRowsPerWarp;  // pairs: a feature or 2 rows
+  const unsigned blocks = unsigned((warps + pairs - 1) / pairs);
+  const unsigned threads = 32 * splits * pairs;
   if (n == 1) {
-    launch_overlapped(linear_gemv_kernel<1, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<1, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out, splits);
   } else if (n <= 2) {
-    launch_overlapped(linear_gemv_kernel<2, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<2, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out, splits);
   } else if (n <= 4) {
-    launch_overlapped(linear_gemv_kernel<4, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<4, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out, splits);
   } else if (n <= 8) {
-    launch_overlapped(linear_gemv_kernel<8, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<8, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out, splits);
   } else {
-    launch_overlapped(linear_gemv_kernel<16, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out);
+    launch_overlapped(linear_gemv_kernel<16, OutT, SILU>, blocks, threads, 0, stream, y, x, W, n, in, out, splits);
   }
   CUDA_CHECK_LAUNCH();
 }
