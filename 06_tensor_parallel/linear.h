@@ -189,7 +189,7 @@ void linear_gemv_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_
 // Needs in_features % 8 == 0 and 16-byte aligned x and W (linear_split_k_fits).
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes);
 // y (n_by_out elements) = the sum of partial[s] (n_by_out fp32 each) over s < splits, added in split order
-// and rounded once: the second kernel of every split-K projection (v4, v5).
+// and rounded once: the second kernel of every split-K projection (v4).
 void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t n_by_out, int splits,
                        cudaStream_t stream);
 bool linear_split_k_fits(const bf16* x, const bf16* W, int n, int in_features);
@@ -197,21 +197,23 @@ void linear_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
                          int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // v5: for 1 <= n <= kGemvMaxRows: every warp streams 16-byte chunks of 16 weight rows straight into
-// mma.sync fragments (the k order permuted the same way in W and x), the in_features split over warps
-// and, for few outputs, over blocks (fp32 partials in `workspace`, added by add_partials_cuda).
-// linear_gemv_mma_splits: the block split it uses. Needs what v2 needs (linear_gemv_fits).
-int linear_gemv_mma_splits(int n, int in_features, int out_features, size_t workspace_bytes);
+// mma.sync fragments (the k order permuted the same way in W and x), a block's 16 outputs' in_features split
+// over as many warps as take them in one round (linear_gemv_mma_warps, at most 24), all of it asked for
+// before the kernel's wait. Needs what v2 needs (linear_gemv_fits).
+int linear_gemv_mma_warps(int in_features);
 // ...which beats v2 and cuBLAS from 2 to 8 rows only: a decode step on the H200 (bench-step, graph) took
 // 1.187 ms at batch 2 (v2 and cuBLAS: 1.342), 1.423 at batch 8 (1.491), but 1.134 at batch 1 (v2: 0.989)
-// and 2.009 at batch 16 (cuBLAS: 1.808). CudaLinear uses it up to this many rows.
+// and 2.009 at batch 16 (cuBLAS: 1.808), in the form it was first written (a block of 4 warps, and for few
+// outputs a split over blocks; 04_model_runner/NOTES.md has both forms). CudaLinear uses it up to this many
+// rows.
 constexpr int kGemvMmaFasterRows = 8;
 void linear_gemv_mma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
-                          int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                          int out_features, cudaStream_t stream);
 // v5 with the MLP's activation in its ending, as linear_gemv_silu_cuda: the same bits as linear_gemv_mma_cuda
-// followed by silu_and_mul_cuda. Only where v5 would not split the in_features (linear_gemv_mma_splits is
-// 1: Qwen3-0.6B's gate_up); elsewhere it queues nothing and returns false.
+// followed by silu_and_mul_cuda. False, and nothing queued, where v5 cannot run (linear_gemv_fits) or
+// out_features is odd.
 bool linear_gemv_mma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
-                               size_t workspace_bytes, cudaStream_t stream);
+                               cudaStream_t stream);
 
 // v6: our GEMM on Hopper's warpgroup tensor cores (wgmma; linear_wgmma.cu) for the decode batches where
 // cuBLAS streams the weights at a third of the copy bandwidth: a block's tile is as tall as the batch (up

@@ -39,7 +39,7 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
     return;
   }
   if (version_ >= 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
-    linear_gemv_mma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, workspace_, workspace_bytes_, stream_);
+    linear_gemv_mma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;
   }
   if (version_ == 4 && n > kGemvFasterRows && n <= kTunedMaxRows && linear_split_k_fits(x, W, n, in_features)) {
@@ -70,8 +70,8 @@ bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_f
     linear_gemv_silu_cuda(y, x, W, n, in_features, out_features, stream_);
     return true;
   }
-  if (n <= kGemvMmaFasterRows)  // v5's rows, as run: false where v5 would split
-    return linear_gemv_mma_silu_cuda(y, x, W, n, in_features, out_features, workspace_bytes_, stream_);
+  if (n <= kGemvMmaFasterRows)  // v5's rows, as run
+    return linear_gemv_mma_silu_cuda(y, x, W, n, in_features, out_features, stream_);
   if (!runs_wgmma(x, W, n, in_features, out_features, kWgmmaSiluRows)) return false;
   linear_wgmma_silu_cuda(y, x, W, n, in_features, out_features, stream_);
   return true;

@@ -187,17 +187,20 @@ TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
   std::mt19937 rng(13);
   CudaContext ctx;
   const Project v5 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
-    linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
+    linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
-  // One and two x tiles (n <= 8, n <= 16), ragged n; Qwen3-0.6B's four projections (split over blocks
-  // or not); in_features not a multiple of 32 (96: a half block; 200: 25 chunks); 290 and 33 outputs
-  // (the last group of 16 is partial); a wide one like the LM head.
+  // One and two x tiles (n <= 8, n <= 16), ragged n; Qwen3-0.6B's four projections (8, 16 and 24 warps a
+  // block, each one round); in_features not a multiple of 32 (96: a half round of one warp; 200: 25
+  // chunks); 290 and 33 outputs (the last group of 16 is partial); a wide one like the LM head; 4,104
+  // in_features, more than 24 warps take in one round (some warps loop twice).
   for (int n : {1, 2, 3, 8, 9, 16})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 96, 290},
-                    Shape{n, 200, 33}, Shape{n, 1024, 20011}})
-      expect_matches_cpu(v5, s, rng, "v5 (" + std::to_string(linear_gemv_mma_splits(s.n, s.in, s.out, ctx.workspace.n)) + " splits)");
-  EXPECT_EQ(linear_gemv_mma_splits(1, 2048, 1024, ctx.workspace.n), 4);  // 64 output groups: split
-  EXPECT_EQ(linear_gemv_mma_splits(1, 1024, 6144, ctx.workspace.n), 1);  // 384 groups: enough
+                    Shape{n, 200, 33}, Shape{n, 1024, 20011}, Shape{n, 4104, 35}})
+      expect_matches_cpu(v5, s, rng, "v5 (" + std::to_string(linear_gemv_mma_warps(s.in)) + " warps)");
+  EXPECT_EQ(linear_gemv_mma_warps(1024), 8);   // a round: 8 warps x 4 blocks of 32 in_features
+  EXPECT_EQ(linear_gemv_mma_warps(3072), 24);
+  EXPECT_EQ(linear_gemv_mma_warps(96), 1);
+  EXPECT_EQ(linear_gemv_mma_warps(4104), 24);  // capped: rounds past 3,072 in_features loop
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
@@ -313,25 +316,25 @@ TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5
     linear_gemv_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
   const SiluProject v5_silu = [&](bf16* y, const bf16* x, const bf16* W, Shape s) {
-    ASSERT_TRUE(linear_gemv_mma_silu_cuda(y, x, W, s.n, s.in, s.out, ctx.workspace.n, ctx.stream)) << name(s);
+    ASSERT_TRUE(linear_gemv_mma_silu_cuda(y, x, W, s.n, s.in, s.out, ctx.stream)) << name(s);
   };
   const Project v5 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
-    linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
+    linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
   for (int n : {1, 2, 3, 8, 16}) {
     for (Shape s : silu_shapes(n)) {
       expect_silu_matches(v2_silu, v2, s, ctx.stream, rng, "v2 + silu");
       expect_silu_matches(v5_silu, v5, s, ctx.stream, rng, "v5 + silu");
     }
-    expect_silu_matches(v2_silu, v2, Shape{n, 2056, 66}, ctx.stream, rng, "v2 + silu, 3 splits");  // 257 chunks
+    for (Shape s : {Shape{n, 2056, 66}, Shape{n, 4104, 34}}) {  // v2: 3 and 4 splits; v5: 17 and 24 warps
+      expect_silu_matches(v2_silu, v2, s, ctx.stream, rng, "v2 + silu");
+      expect_silu_matches(v5_silu, v5, s, ctx.stream, rng, "v5 + silu");
+    }
   }
-  // Where v5 would split the in_features (few outputs, many in_features), it does not fuse: nothing is queued.
-  ASSERT_GT(linear_gemv_mma_splits(4, 4096, 256, ctx.workspace.n), 1);
   DeviceArray<bf16> x{size_t(4) * 4096}, W{size_t(256) * 4096}, y{size_t(4) * 128};
-  EXPECT_FALSE(linear_gemv_mma_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 256, ctx.workspace.n, ctx.stream));
   // An odd out_features has no halves.
   EXPECT_THROW(linear_gemv_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 255, ctx.stream), Error);
-  EXPECT_FALSE(linear_gemv_mma_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 255, ctx.workspace.n, ctx.stream));
+  EXPECT_FALSE(linear_gemv_mma_silu_cuda(y.ptr, x.ptr, W.ptr, 4, 4096, 255, ctx.stream));
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
