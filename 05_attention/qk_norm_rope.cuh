@@ -1,8 +1,8 @@
 // qk_norm_rope.cuh: the per-head qk-norm and RoPE of Qwen3 as three warp-wide device helpers (and a fourth
-// that copies a v head to the cache as it is), shared by every kernel that norms or rotates a head: the decode kernel of v9/v10 when it does that work itself
-// (decode_attention_fused_cuda), and chapter 04's qk_norm_rope_kernel and qk_norm_rope_store_kernel
-// (04_model_runner/layers.cu). Here rather than in chapter 04 because chapter 04 depends on this chapter,
-// not the other way round. One set of helpers, so that every path computes the same bits.
+// that copies a v head to the cache as it is), shared by every kernel that norms or rotates a head: the
+// decode kernel of v9/v10 when it does that work itself (decode_attention_fused_cuda), and chapter 04's
+// qk_norm_rope_kernel and qk_norm_rope_store_kernel (04_model_runner/layers.cu). Here rather than in
+// chapter 04 because chapter 04 depends on this chapter, not the other way round. One set of helpers, so that every path computes the same bits.
 #pragma once
 #ifdef NANOVLLM_CUDA
 
@@ -90,6 +90,7 @@ __device__ inline void copy_head(bf16* dst, const bf16* src, int lane) {
 #pragma unroll
   for (int e = 0; e < HEAD_DIM / 32; e++) dst[lane + 32 * e] = v[e];
 }
+
 template <int HEAD_DIM>
 __device__ inline void store_head(bf16* x, const float (&x1)[HEAD_DIM / 64], const float (&x2)[HEAD_DIM / 64],
                                   int lane) {

@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
 template <int X_TILES, class OutT, bool SILU = false>
 void launch(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
-  const int features = SILU ? out / 2 : out;
-  const dim3 grid{unsigned((features + (SILU ? 7 : 15)) / (SILU ? 8 : 16)), 1u, 1u};
+  const int features = SILU ? out / 2 : out, per_block = SILU ? 8 : 16;  // SILU: 8 features = 16 weight rows
+  const dim3 grid{unsigned((features + per_block - 1) / per_block), 1u, 1u};
   launch_overlapped(linear_gemv_mma_kernel<X_TILES, OutT, SILU>, grid, 32 * linear_gemv_mma_warps(in), 0, stream,
                     y, x, W, n, in, out);
   CUDA_CHECK_LAUNCH();
