@@ -2,7 +2,8 @@
 // that copies a v head to the cache as it is), shared by every kernel that norms or rotates a head: the
 // decode kernel of v9/v10 when it does that work itself (decode_attention_fused_cuda), and chapter 04's
 // qk_norm_rope_kernel and qk_norm_rope_store_kernel (04_model_runner/layers.cu). Here rather than in
-// chapter 04 because chapter 04 depends on this chapter, not the other way round. One set of helpers, so that every path computes the same bits.
+// chapter 04 because chapter 04 depends on this chapter, not the other way round. One set of helpers, so
+// that every path computes the same bits.
 #pragma once
 #ifdef NANOVLLM_CUDA
 
