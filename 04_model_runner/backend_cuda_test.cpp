@@ -1,16 +1,23 @@
 // The CUDA backend's step upload (Backend::upload_async): from a pinned Buffer, which the CUDA runtime
-// must report as page-locked, and safe to overwrite once wait_for_upload_async() has returned.
+// must report as page-locked, and safe to overwrite once wait_for_upload_async() has returned. Then the
+// edges between a step's kernels (cuda_utils.h): each kernel still reads its input whole when the one
+// before it was let in early.
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
+#include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "01_sequence/base/cuda_utils.h"
 #include "04_model_runner/backend.h"
+#include "04_model_runner/layers.h"
+#include "06_tensor_parallel/linear.h"
 #include "tests/cuda_test_util.h"
 
 using namespace nanovllm;
+using namespace nanovllm::test;
 
 TEST(Ch04_BackendCuda, PinnedUploadAsyncIsPageLockedAndWaitedForBeforeReuse) {
   SKIP_WITHOUT_GPU();
@@ -42,9 +49,11 @@ TEST(Ch04_BackendCuda, PinnedUploadAsyncIsPageLockedAndWaitedForBeforeReuse) {
 }
 
 namespace nanovllm::test {
-// graph_edges_test.cu: out = value after a spin, launched the ordinary way; out = in, launched overlapped.
+// graph_edges_test.cu: out = value after a spin, launched the ordinary way; out = in, launched overlapped;
+// dst = src after a spin, launched overlapped and letting the next kernel start at once.
 void slow_fill_cuda(float* out, int n, float value, long long delay_cycles, cudaStream_t stream);
 void overlapped_copy_cuda(float* out, const float* in, int n, cudaStream_t stream);
+void late_copy_cuda(bf16* dst, const bf16* src, int64_t n, long long delay_cycles, cudaStream_t stream);
 }  // namespace nanovllm::test
 
 // A graph of [slow fill (ordinary), copy (overlapped), copy (overlapped)]: start_successors_early moves the
@@ -84,6 +93,49 @@ TEST(Ch04_BackendCuda, OverlappedKernelsAfterAnOrdinaryOneStartEarlyAndStillWait
   }
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// A layer's chain at its tightest: the projection before a norm ends late (a kernel that lets the norm start,
+// then spins ~100 µs before writing the norm's input over NaN), add_rmsnorm lets the projection after it
+// start before its own wait (cuda_utils.h, "a norm lets the next kernel in first"), and that projection (v2
+// at one row, v5 at 4, v6 at 16) asks for its weights at once. Each must still see its input whole: the
+// norm's output and the residual against add_rmsnorm_cpu, the projection's against linear_cpu of it.
+TEST(Ch04_BackendCuda, AProjectionLetInBeforeTheNormWaitsStillReadsTheNormOfTheLateInput) {
+  SKIP_WITHOUT_GPU();
+  const int hidden = 1024, out = 2048;
+  const long long delay_cycles = 200000;  // ~100 µs at 2 GHz
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  DeviceArray<char> workspace(size_t(32) << 20);
+  cublasSetStream(cublas, stream);
+  cublasSetWorkspace(cublas, workspace.ptr, workspace.n);
+  CudaLinear linear(cublas, stream, workspace.ptr, workspace.n);
+  std::mt19937 rng(11);
+  const std::vector<float> w_norm = random_bf16_values(size_t(hidden), rng);
+  const std::vector<float> W = random_bf16_values(size_t(out) * hidden, rng, 1.0f / std::sqrt(float(hidden)));
+  DeviceArray<bf16> d_w_norm(to_bf16(w_norm)), d_W(to_bf16(W));
+  for (int n : {1, 4, 16}) {
+    const std::vector<float> x = random_bf16_values(size_t(n) * hidden, rng, 3.0f);
+    const std::vector<float> res = random_bf16_values(size_t(n) * hidden, rng, 3.0f);
+    std::vector<float> res_want = res, normed_want(x.size()), y_want(size_t(n) * out);
+    add_rmsnorm_cpu(normed_want.data(), res_want.data(), x.data(), w_norm.data(), n, hidden, 1e-6f);
+    std::vector<float> normed_rounded = to_float(to_bf16(normed_want));  // as the GPU stores it
+    linear_cpu(y_want.data(), normed_rounded.data(), W.data(), n, hidden, out);
+    DeviceArray<bf16> d_src(to_bf16(x)), d_x(x.size()), d_res(to_bf16(res)), d_normed(x.size()), d_y(y_want.size());
+    d_x.poison(), d_normed.poison(), d_y.poison();
+    CUDA_CHECK(cudaDeviceSynchronize());  // the uploads and poison, on the legacy stream, before `stream`
+    test::late_copy_cuda(d_x.ptr, d_src.ptr, int64_t(x.size()), delay_cycles, stream);
+    add_rmsnorm_cuda(d_normed.ptr, d_res.ptr, d_x.ptr, d_w_norm.ptr, n, hidden, 1e-6f, stream);
+    linear.run(d_y.ptr, false, d_normed.ptr, d_W.ptr, n, hidden, out);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_LE(rel_error(to_float(d_normed.get()), normed_want), 1e-2) << n << " rows: the norm";
+    EXPECT_LE(rel_error(to_float(d_res.get()), res_want), 1e-2) << n << " rows: the residual";
+    EXPECT_LE(rel_error(to_float(d_y.get()), y_want), 1e-2) << n << " rows: the projection after the norm";
+  }
+  cublasDestroy(cublas);
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -1,7 +1,9 @@
-// graph_edges_test.cu: kernels only the tests launch (test_ch04; the Makefile's *_test.cu rule), for
-// start_successors_early (01_sequence/base/cuda_utils.h). A slow writer launched the ordinary way, as cuBLAS
+// graph_edges_test.cu: kernels only the tests launch (test_ch04; the Makefile's *_test.cu rule), for the
+// edges between kernels (01_sequence/base/cuda_utils.h). A slow writer launched the ordinary way, as cuBLAS
 // launches its GEMMs, then copies launched overlapped, as our kernels are: a copy that read its input before
-// the writer had finished would copy what was there before.
+// the writer had finished would copy what was there before (start_successors_early). And a late writer
+// launched overlapped, which lets the next kernel start at once: the projection before a norm at its
+// slowest (a norm lets its own next kernel start before its wait).
 #include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
@@ -23,7 +25,23 @@ __global__ void overlapped_copy_kernel(float* out, const float* in, int n) {
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) out[i] = in[i];
 }
 
+// dst (n) = src (n), after a spin of delay_cycles. One block; launched overlapped, and the next kernel may
+// start as soon as the wait returns, long before dst is written.
+__global__ void late_copy_kernel(bf16* dst, const bf16* src, int64_t n, long long delay_cycles) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const long long start = clock64();
+  while (clock64() - start < delay_cycles) {
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
 }  // namespace
+
+void late_copy_cuda(bf16* dst, const bf16* src, int64_t n, long long delay_cycles, cudaStream_t stream) {
+  launch_overlapped(late_copy_kernel, 1, 256, 0, stream, dst, src, n, delay_cycles);
+  CUDA_CHECK_LAUNCH();
+}
 
 void slow_fill_cuda(float* out, int n, float value, long long delay_cycles, cudaStream_t stream) {
   slow_fill_kernel<<<1, 256, 0, stream>>>(out, n, value, delay_cycles);

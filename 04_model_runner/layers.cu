@@ -31,6 +31,10 @@ __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* id
 // written back to residual.
 template <bool RESIDUAL>
 __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps) {
+  // The next kernel may start at once, before this one's wait: it is a projection, which reads nothing but
+  // its weights before its own wait, so its weights come in while the projection before this norm ends
+  // (cuda_utils.h, "a norm lets the next kernel in first"; 04_model_runner/NOTES.md, section 4).
+  allow_next_kernel();
   // Launched overlapped: the weight is no kernel's output, so it is on its way before the wait (cuda_utils.h)
   // and no longer a round trip after the row's sum.
   Bf16x8 w_raw[kMaxChunksPerThread];
@@ -41,7 +45,6 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
     w_raw[i] = *reinterpret_cast<const Bf16x8*>(weight + 8 * c);
   }
   wait_for_previous_kernel();
-  allow_next_kernel();
   const int64_t base = int64_t(blockIdx.x) * hidden;
   float v[kMaxChunksPerThread][8];
   float sum_sq = 0;

@@ -18,10 +18,12 @@
 //             output takes 4 registers per 16 dims instead of 8. P^T's B fragment is exactly S's
 //             accumulator registers of rows 0..7 (see "P" below), so P never leaves registers.
 // Launch:   overlapped (cuda_utils.h: launch_overlapped): the previous kernel's tail and this kernel's
-//           start-up run together, and so do this kernel's tail and the combine's start. Before its wait a
-//           block already reads its context length and block table and has its first tiles' copies in
-//           flight (all but the newest key's, which the previous kernel writes), and, fused, its norm and
-//           RoPE factors.
+//           start-up run together, and so do this kernel's tail and the next kernel's start. Before its
+//           wait a block already reads its context length and block table and has its first tiles' copies
+//           in flight (all but the newest key's, which the previous kernel writes), and, fused, its norm and
+//           RoPE factors. It lets the next kernel (o_proj, or v9's combine) launch only after its tile loop,
+//           not after its wait: o_proj's blocks load their weights as they start (04_model_runner/NOTES.md,
+//           section 4, "When the next kernel may start").
 //           Grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
 //           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM); then v2's
 //           combine kernel. Head dims 64 and 128, G <= 8, block_size a multiple of 16 (the engine's rule:
@@ -249,7 +251,6 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     cp_async_commit();
   }
   wait_for_previous_kernel();
-  allow_next_kernel();
   if (write_first) {
     write_new_key();
     __syncthreads();  // this step's K and V are in the cache before any warp copies a tile
@@ -355,6 +356,11 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     }
   }
   cp_async_wait<0>();  // only empty groups remain, but leave none behind before the buffers are reused
+  // Only now may the next kernel's blocks start (o_proj: v2, v5 and v6 ask for all their weights as they
+  // start). Let in after the wait, they took SM slots and memory bandwidth from the tile loop of the blocks
+  // still streaming K/V: at 8 sequences the step took 1.08 ms that way, 1.04 this way (04_model_runner/
+  // NOTES.md, section 4, "When the next kernel may start").
+  allow_next_kernel();
 
   // Merge the 4 warps' states of rows 0..G-1 through shared memory (reusing the pipeline buffers):
   // (warps, 8) for m and l, (warps, 8, HEAD_DIM) for O.

@@ -131,10 +131,12 @@ inline int start_successors_early(cudaGraph_t graph) {
 // sm_90, and when the kernel was launched the ordinary way). wait_for_previous_kernel: returns once the
 // previous kernel on the stream has completed and its writes are visible; nothing the previous kernel
 // writes may be touched before it. allow_next_kernel: this block no longer holds the next kernel back
-// (called right after the wait: the next kernel's blocks may then take free SM slots and wait there).
+// (the next kernel's blocks may then take free SM slots and wait there). Most kernels call it right after
+// their wait; decode attention after its tile loop, so that o_proj's blocks do not compete with it; the
+// norms before their wait (below).
 //
-// What a kernel may read before its wait: anything not written by the kernel just before it. Every kernel
-// here calls allow_next_kernel only after its own wait, so kernel i + 1 starts only once all of kernel i's
+// What a kernel may read before its wait: anything not written by the kernel just before it. A kernel
+// that calls allow_next_kernel after its own wait lets kernel i + 1 start only once all of kernel i's
 // blocks have passed their wait, that is once kernel i - 1 has completed (and, by the same argument, every
 // kernel before it). A kernel launched the ordinary way starts only once every kernel before it has
 // completed, and the kernel after it starts once all its blocks have begun (in a graph,
@@ -143,6 +145,11 @@ inline int start_successors_early(cudaGraph_t graph) {
 // loaded before the wait, while the previous kernel finishes (what changes from step to step through L2:
 // ld.global.cg, cp.async.cg; an SM's L1 is not kept coherent with other SMs' writes). Writes still wait:
 // the previous kernel may read what they overwrite.
+//
+// A norm lets the next kernel in first: rmsnorm_kernel calls allow_next_kernel before its wait, so the
+// projection after it may start while the projection before it still runs (kernel i - 1). That is safe
+// because a projection reads nothing but its weights before its wait, and its wait still returns only once
+// the norm, and so everything before the norm, has completed.
 __device__ inline void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
