@@ -105,14 +105,9 @@ TEST(Ch04_BackendCuda, AProjectionLetInBeforeTheNormWaitsStillReadsTheNormOfTheL
   SKIP_WITHOUT_GPU();
   const int hidden = 1024, out = 2048;
   const long long delay_cycles = 200000;  // ~100 µs at 2 GHz
-  cudaStream_t stream;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cublasHandle_t cublas;
-  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
-  DeviceArray<char> workspace(size_t(32) << 20);
-  cublasSetStream(cublas, stream);
-  cublasSetWorkspace(cublas, workspace.ptr, workspace.n);
-  CudaLinear linear(cublas, stream, workspace.ptr, workspace.n);
+  CudaContext ctx;
+  const cudaStream_t stream = ctx.stream;
+  CudaLinear linear(ctx.cublas, stream, ctx.workspace.ptr, ctx.workspace.n);
   std::mt19937 rng(11);
   const std::vector<float> w_norm = random_bf16_values(size_t(hidden), rng);
   const std::vector<float> W = random_bf16_values(size_t(out) * hidden, rng, 1.0f / std::sqrt(float(hidden)));
@@ -135,8 +130,6 @@ TEST(Ch04_BackendCuda, AProjectionLetInBeforeTheNormWaitsStillReadsTheNormOfTheL
     EXPECT_LE(rel_error(to_float(d_res.get()), res_want), 1e-2) << n << " rows: the residual";
     EXPECT_LE(rel_error(to_float(d_y.get()), y_want), 1e-2) << n << " rows: the projection after the norm";
   }
-  cublasDestroy(cublas);
-  CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 #else

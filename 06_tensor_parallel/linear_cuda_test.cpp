@@ -47,23 +47,6 @@ void expect_matches_cpu(const Project& project, Shape s, std::mt19937& rng, cons
   EXPECT_LE(rel_error(got32, want), 1e-4) << what << " " << name(s) << ", fp32 out";
 }
 
-// A stream, a 32 MiB workspace and a cuBLAS handle bound to both, as the CUDA backend sets them up.
-struct CudaContext {
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  DeviceArray<char> workspace{size_t(32) << 20};
-  CudaContext() {
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    EXPECT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
-    cublasSetStream(cublas, stream);
-    cublasSetWorkspace(cublas, workspace.ptr, workspace.n);
-  }
-  ~CudaContext() {
-    cublasDestroy(cublas);
-    cudaStreamDestroy(stream);
-  }
-};
-
 // The MLP's gate_up with its activation in the ending: y (n, out / 2) bf16 = silu(gate) * up by `silu_project`,
 // against the spec (linear_cpu, rounded to bf16 as the GPU stores it, then silu_and_mul) and against
 // `project`, the same kernel's plain projection, with the activation applied on the CPU: the same gate and

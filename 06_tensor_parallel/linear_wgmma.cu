@@ -3,7 +3,7 @@
 // rows, where cuBLAS streams the weights at a third of the copy bandwidth. Measured on the H200 a decode
 // step is 4-9% faster with it from 9 to 16 rows, as fast at 24-32, 3% faster at 48 and slower from 64 on
 // (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows), up
-// to 64 for the projections with few outputs (kWgmmaNarrowRows) and up to 128 for gate_up with its SiLU
+// to 192 for the projections with few outputs (kWgmmaNarrowRows) and up to 128 for gate_up with its SiLU
 // (kWgmmaSiluRows): the book's Hopper GEMM, and the starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose

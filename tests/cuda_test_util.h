@@ -1,7 +1,8 @@
-// cuda_test_util.h: helpers for the GPU tests: device arrays, bf16 rounding, error norms, and the skip
-// when there is no GPU. Include only under #ifdef NANOVLLM_CUDA.
+// cuda_test_util.h: helpers for the GPU tests: device arrays, a stream with a cuBLAS handle, bf16 rounding,
+// error norms, and the skip when there is no GPU. Include only under #ifdef NANOVLLM_CUDA.
 #pragma once
 
+#include <cublas_v2.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -38,6 +39,25 @@ struct DeviceArray {
   }
   // Fills with a NaN bit pattern, so that an element the kernel forgets to write is caught.
   void poison() { CUDA_CHECK(cudaMemset(ptr, 0xff, sizeof(T) * n)); }
+};
+
+// A stream, a 32 MiB workspace and a cuBLAS handle bound to both, as the CUDA backend sets them up.
+struct CudaContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DeviceArray<char> workspace{size_t(32) << 20};
+  CudaContext() {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    EXPECT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+    cublasSetStream(cublas, stream);
+    cublasSetWorkspace(cublas, workspace.ptr, workspace.n);
+  }
+  ~CudaContext() {
+    cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+  }
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
 };
 
 // Random floats already rounded to bf16, so that the CPU reference sees exactly what the GPU sees.

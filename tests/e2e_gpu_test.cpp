@@ -3,6 +3,7 @@
 // in every engine shape: CUDA graphs on and off, chunked prefill, preemption, block sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -190,7 +191,7 @@ bool backend_says(LLMEngine& engine, const std::function<bool(const Backend&)>& 
 }
 
 // The golden prompts `copies` times over in one generate call, so that every decode step has that many
-// times their rows, under graphs and eager; every copy must give the golden greedy tokens. `runs` is asked
+// times their rows (max_num_seqs raised to hold them all), under graphs and eager; every copy must give the golden greedy tokens. `runs` is asked
 // of each engine's backend before it generates (false: the GPU cannot run what the test is about, and the
 // helper returns false at once).
 bool golden_copies_match(const std::string& model, int copies, const std::function<bool(const Backend&, int64_t rows)>& runs) {
@@ -200,6 +201,7 @@ bool golden_copies_match(const std::string& model, int copies, const std::functi
   for (bool eager : {false, true}) {
     EngineConfig c = gpu_config(model);
     c.enforce_eager = eager;
+    c.max_num_seqs = std::max(c.max_num_seqs, int(prompts.size()));  // every copy in every decode step
     LLMEngine engine(c);
     if (!backend_says(engine, [&](const Backend& b) { return runs(b, int64_t(prompts.size())); })) return false;
     const std::string what = model + (eager ? " eager, " : " graphs, ") + std::to_string(prompts.size()) + " sequences";
@@ -252,8 +254,9 @@ TEST(E2E_Gpu, GemvProjectionsWithTheirSiluMatchTransformers) {
 
 TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   // Above 48 rows v6 runs the projections with few outputs (06_tensor_parallel/linear.h, kWgmmaNarrowOut:
-  // every projection of the tiny models) up to kWgmmaNarrowRows (64), with the plans for many rows
-  // (linear_wgmma_plan). The golden prompts 7 times over: 56 rows a decode step (graph size 64).
+  // every projection of the tiny models) up to kWgmmaNarrowRows (192), with the plans for many rows
+  // (linear_wgmma_plan): two warpgroups a block up to 128 rows, row tiles of one above. The golden prompts 7
+  // times over (56 rows a decode step, graph size 64) and 20 times (160 rows: three row tiles).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const auto wgmma_runs = [](const Backend&, int64_t) {
 #ifdef NANOVLLM_CUDA
@@ -263,8 +266,9 @@ TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
 #endif
   };
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
-    if (!golden_copies_match(model, 7, wgmma_runs))
-      GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+    for (int copies : {7, 20})
+      if (!golden_copies_match(model, copies, wgmma_runs))
+        GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
 }
 
 TEST(E2E_Gpu, PrefillsAfterTheWarmUpChooseNoGemmAlgorithm) {
