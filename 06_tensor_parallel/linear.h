@@ -266,7 +266,9 @@ constexpr int kWgmmaNarrowOut = 2048, kWgmmaNarrowRows = 192;
 // tiles of 64: 3 splits at 64 rows) the decode step at batch 64 took 2.866 / 2.867 ms against 2.89 / 2.904
 // with cuBLAS and silu_and_mul, 96 3.851 / 3.843 against 3.872 / 3.844, 128 4.683 / 4.695 against 4.727 /
 // 4.707 (04_model_runner/NOTES.md, section 2). The plain projections with many outputs (qkv) stay on
-// cuBLAS above 48 rows: v6 ran them slower (batch 64: 2.920 / 2.926 ms).
+// cuBLAS above 48 rows: v6 ran them slower (batch 64: 2.920 / 2.926 ms). Both limits were tried again once
+// o_proj could start early (kWgmmaNarrowRows above): qkv to 128 rows was slower at 64 and 128, gate_up to 192
+// slower at 160 (5.467-5.487 ms against 5.354-5.398).
 constexpr int kWgmmaSiluRows = 128;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
