@@ -255,11 +255,10 @@ constexpr int kWgmmaFasterRows = 48;
 // (04_model_runner/NOTES.md, section 2, "v6 for the narrow projections"), found plans (linear_wgmma_plan
 // above 48 rows) that take o_proj in 4.2-5.4 µs a call from 64 to 192 rows against cuBLAS's 5.8-6.2, and
 // down_proj in 4.9-6.6 against 7.1-7.6. In the decode step that held at first at 64 rows only (2.868-2.883
-// ms against 2.908-2.919), not from 96 on (0.0-0.05 ms slower at 96-192). Since decode attention lets o_proj
-// launch only after its tile loop (05_attention/v9_tensor_core_decode.cu), v6 wins there too: 96 rows 3.722-3.765
-// ms against 3.767-3.810, 128 4.595-4.633 against 4.633-4.690, 160 5.482-5.490 against 5.521-5.594, and at
-// 256 still loses (8.027-8.036 against 7.903-7.916; 04_model_runner/NOTES.md, section 2, "v6 for the narrow
-// projections to 192 rows").
+// ms against 2.908-2.919), not from 96 on. Since decode attention lets o_proj launch only after its tile
+// loop (05_attention/v9_tensor_core_decode.cu), it holds to 192 rows (batch 160: 5.482-5.490 ms against
+// 5.521-5.594), and at 256 v6 still loses (8.03 against 7.91; 04_model_runner/NOTES.md, section 2, "v6 for
+// the narrow projections to 192 rows").
 constexpr int kWgmmaNarrowOut = 2048, kWgmmaNarrowRows = 192;
 // ...and, up to kWgmmaSiluRows, for the MLP's gate_up projection with its SiLU in the ending (CudaLinear::
 // run_silu), which saves silu_and_mul's kernel: with the plans above 48 rows (288 blocks for its 96 output
