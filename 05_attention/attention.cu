@@ -6,13 +6,14 @@
 //   v2_split_k.cu               + context partitions and a combine kernel            decode
 //   v3_staged_table.cu          + block-table entries staged in shared memory        decode
 //   v4_prefetch.cu              + next K/V loaded into registers while computing     decode
-//   v5_tensor_core_prefill.cu   FlashAttention-2 on tensor cores (mma.sync)          prefill (default)
+//   v5_tensor_core_prefill.cu   FlashAttention-2 on tensor cores (mma.sync)          prefill
 //   v6_pipelined_decode.cu      v2 with K/V streamed through a cp.async pipeline     decode
 //   v7_head_major.cu            v2 with the grid head-fastest                        decode
 //   v8_l2_prefetch.cu           v2 + an L2 prefetch of each warp's next step         decode
 //   v9_tensor_core_decode.cu    split-K decode on tensor cores (mma.sync)            decode
 //   v10_split_by_batch.cu       v9, split only to fill the GPU (often no combine)    decode
 //   v11_cluster_combine.cu      v10, the splits merged in a thread-block cluster     decode (default)
+//   v12_wgmma_prefill.cu        v5 on Hopper's warpgroup tensor cores (wgmma)        prefill (default)
 //
 // Which one runs: attention_version_for (attention_versions.cpp). Measured results: NOTES.md.
 // Build: `make CUDA_ARCH=90`; run one version: `build/nanovllm bench-step --random qwen3-0.6b
@@ -71,12 +72,13 @@ using Launcher = void (*)(const AttentionParams&, const LaunchDims&, cudaStream_
 // Indexed by version number; nullptr where a version does not implement the phase (the table in
 // attention_versions.cpp says the same, and attention_version_for never returns such a pair).
 constexpr Launcher kPrefillLaunchers[] = {launch_v0_naive, launch_v1_gqa, nullptr, nullptr, nullptr,
-                                          launch_v5_tensor_core_prefill, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+                                          launch_v5_tensor_core_prefill, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                          launch_v12_wgmma_prefill};
 constexpr Launcher kDecodeLaunchers[] = {launch_v0_naive,    launch_v1_gqa, launch_v2_split_k, launch_v3_staged_table,
                                          launch_v4_prefetch, nullptr,       launch_v6_pipelined_decode,
                                          launch_v7_head_major, launch_v8_l2_prefetch,
                                          launch_v9_tensor_core_decode, launch_v10_split_by_batch,
-                                         launch_v11_cluster_combine};
+                                         launch_v11_cluster_combine, nullptr};
 
 // The fields every version reads; the phase-specific ones are filled by the caller.
 AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,

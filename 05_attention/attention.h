@@ -12,7 +12,7 @@
 // 0 .. seqlen_k - seqlen_q + i. GQA: query head h reads KV head h / (num_heads / num_kv_heads).
 //
 // The plain C++ functions here are the readable spec and the test oracle (fp32); the CUDA kernels (bf16
-// storage, fp32 arithmetic) are a ladder of numbered versions, v0_naive.cu to v11_cluster_combine.cu,
+// storage, fp32 arithmetic) are a ladder of numbered versions, v0_naive.cu to v12_wgmma_prefill.cu,
 // behind the two dispatching entry points in attention.cu.
 #pragma once
 
@@ -78,12 +78,12 @@ const std::vector<AttentionVersion>& attention_versions();
 // The version to use when none is chosen. -1 rather than 0, because 0 is v0_naive.
 constexpr int kAttentionVersionDefault = -1;
 // Each phase's default: the fastest measured on the H200 (NOTES.md). One line each to flip.
-constexpr int kDefaultPrefillVersion = 5;  // v5_tensor_core_prefill
+constexpr int kDefaultPrefillVersion = 12;  // v12_wgmma_prefill (v5 where there is no wgmma)
 constexpr int kDefaultDecodeVersion = 11;  // v11_cluster_combine
 
 // The version that really runs for `requested` (kAttentionVersionDefault or a table number) in this
 // phase and shape: the phase's default when `requested` is the default or does not implement the phase;
-// then v0_naive when the kernel cannot take the shape (v1-v11 are instantiated for head_dim 64 and 128
+// then v0_naive when the kernel cannot take the shape (v1-v12 are instantiated for head_dim 64 and 128
 // only, and their decode kernels for GQA groups of at most 8 query heads). Throws Error for a number
 // that is not in the table, and for head_dim outside 1..256 (v0's limit).
 int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape);

@@ -30,6 +30,8 @@ const std::vector<AttentionVersion>& attention_versions() {
        "v9 with each context split just enough to fill the GPU; from 16 sequences on, 1 split and no combine"},
       {11, "v11_cluster_combine", false, true,
        "v10 with a context's splits one thread-block cluster, merged in distributed shared memory: no combine"},
+      {12, "v12_wgmma_prefill", true, false,
+       "v5 on Hopper's warpgroup tensor cores: wgmma, B straight from shared memory, asynchronous (sm_90a)"},
   };
   return table;
 }
@@ -45,7 +47,7 @@ int attention_version_for(AttentionPhase phase, int requested, const AttentionSh
   const int fallback = decode ? kDefaultDecodeVersion : kDefaultPrefillVersion;
   int version = requested == kAttentionVersionDefault ? fallback : requested;
   if (!(decode ? table[size_t(version)].decode : table[size_t(version)].prefill)) version = fallback;
-  // v1-v11 are instantiated for head dims 64 and 128; their decode kernels hold the G query heads of a
+  // v1-v12 are instantiated for head dims 64 and 128; their decode kernels hold the G query heads of a
   // group as rows of one block, at most 8. Anything else runs on v0, which takes any shape.
   const int group = shape.num_heads / shape.num_kv_heads;
   const bool fast_shape = (shape.head_dim == 64 || shape.head_dim == 128) && (!decode || group <= 8);

@@ -85,6 +85,10 @@ void launch_v8_l2_prefetch(const AttentionParams& p, const LaunchDims& dims, cud
 void launch_v9_tensor_core_decode(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v10_split_by_batch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 void launch_v11_cluster_combine(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+// v12 on a GPU of compute capability 9.0 running code built for sm_90a (wgmma_prefill_available); v5
+// elsewhere.
+void launch_v12_wgmma_prefill(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
+bool wgmma_prefill_available();
 // v9's kernel alone (v9_tensor_core_decode.cu): the partials, or `out` itself when p.splits == 1; with
 // `cluster` (v11; p.splits == p.max_partitions <= 8) the splits of a (sequence, KV head) are a thread-block
 // cluster that merges them into `out` itself.

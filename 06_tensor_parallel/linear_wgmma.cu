@@ -92,24 +92,9 @@ __device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, int k0, in
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(barrier)
       : "memory");
 }
-// wgmma's shared-memory matrix descriptor for a K-major operand in the 128-byte swizzle (PTX ISA, "Matrix
-// Descriptor Format"): bits 0-13 the start address / 16; 16-29 the leading byte offset / 16 (unused by a
-// swizzled K-major operand whose 16-wide k slice lies within one 128-byte row: 1 by convention); 32-45
-// the stride byte offset / 16, from one 8-row group to the next (1,024 bytes); 62-63 the swizzle mode
-// (1 = 128 bytes). The k-th 16-wide slice of a stage starts 32 k bytes into the row: the hardware applies
-// the swizzle to the address it forms, so advancing the start address is all it takes.
-__device__ inline uint64_t swizzled_operand(uint32_t address) {
-  return uint64_t((address & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
-// Keeps the compiler from moving reads or writes of the accumulators across the wgmma instructions,
-// which write them asynchronously (it sees only the asm statements' operands).
-template <int N>
-__device__ inline void fence_accumulators(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
+// wgmma's shared-memory descriptor for a K-major operand in the 128-byte swizzle (01_sequence/base/ptx.cuh,
+// wgmma_descriptor): the k-th 16-wide slice of a stage starts 32 k bytes into its rows.
+__device__ inline uint64_t swizzled_operand(uint32_t address) { return wgmma_descriptor(address); }
 
 // d (64 x BN, fp32, the warpgroup's accumulators) += A (64 x 16, bf16) B (BN x 16, bf16)^T, both from
 // shared memory. d[i] of thread t of the warpgroup is row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
@@ -476,15 +461,7 @@ LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features, int 
 }
 
 bool linear_wgmma_available() {
-  static const bool available = [] {
-    int device = 0, major = 0, minor = 0, compiled = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    if (major != 9 || minor != 0) return false;  // sm_90a code runs on compute capability 9.0 only
-    CUDA_CHECK(cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof(int)));
-    return compiled == 1;
-  }();
+  static const bool available = runs_sm90a_code(kWgmmaCompiled);
   return available;
 }
 

@@ -1,8 +1,9 @@
 // ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5, v6 and v9,
 // 06_tensor_parallel's linear_split_k.cu), one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
-// m16n8k16), and the copy engine's barriers and bulk copy of 06_tensor_parallel's sm_90 kernels. Chapter
-// 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the fragment layouts
-// ldmatrix and mma use. Here, in base, because two chapters use them.
+// m16n8k16), the copy engine's barriers and bulk copy of 06_tensor_parallel's sm_90 kernels, and what the
+// warpgroup MMA (wgmma) kernels of both chapters share (05_attention's v12, 06_tensor_parallel's
+// linear_wgmma.cu). Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives
+// the fragment layouts ldmatrix and mma use. Here, in base, because two chapters use them.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,31 @@ __device__ inline void bulk_copy_to_shared(uint32_t dst, const void* src, int by
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(dst), "l"(src), "r"(bytes), "r"(barrier)
                : "memory");
+}
+
+// wgmma (sm_90a) reads its B operand, and A when not from registers, straight from shared memory through
+// a 64-bit descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 the start address / 16; 16-29 the
+// leading byte offset / 16; 32-45 the stride byte offset / 16; 62-63 the swizzle mode (1 = 128 bytes).
+// Every wgmma operand in this project is laid out in the 128-byte swizzle: rows of 128 bytes (64 bf16), in
+// groups of 8 rows (1,024 bytes, 1,024-byte aligned) within which 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8). For such an operand the stride byte offset is the step from one 8-row group to the next,
+// 1,024 bytes; the leading byte offset matters only for an operand whose rows hold its N (or M)
+// dimension ("MN-major", read transposed), where it is the step from one 64-element block of N to the next;
+// a K-major operand, whose 16-wide k slice lies inside one row, takes 1 by convention. The k-th 16-wide
+// slice of a K-major operand starts 32 k bytes into its rows: the hardware applies the swizzle to the
+// address it forms, so advancing the start address is all it takes.
+__device__ inline uint64_t wgmma_descriptor(uint32_t address, uint32_t leading_bytes = 16,
+                                            uint32_t stride_bytes = 1024) {
+  return uint64_t((address & 0x3FFFF) >> 4) | (uint64_t((leading_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t((stride_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
+}
+
+// Keeps the compiler from moving reads or writes of wgmma's accumulators across the wgmma instructions,
+// which write them asynchronously (it sees only the asm statements' operands).
+template <int N>
+__device__ inline void fence_accumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 }  // namespace nanovllm
