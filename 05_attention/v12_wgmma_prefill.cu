@@ -388,7 +388,12 @@ void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t strea
 }  // namespace
 
 bool wgmma_prefill_available() {
-  static const bool available = runs_sm90a_code(kWgmmaPrefillCompiled);
+  static const bool available = [] {
+    int compiled = 0;
+    if (!gpu_is_sm90()) return false;
+    CUDA_CHECK(cudaMemcpyFromSymbol(&compiled, kWgmmaPrefillCompiled, sizeof(int)));
+    return compiled == 1;
+  }();
   return available;
 }
 

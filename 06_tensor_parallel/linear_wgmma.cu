@@ -461,7 +461,12 @@ LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features, int 
 }
 
 bool linear_wgmma_available() {
-  static const bool available = runs_sm90a_code(kWgmmaCompiled);
+  static const bool available = [] {
+    int compiled = 0;
+    if (!gpu_is_sm90()) return false;
+    CUDA_CHECK(cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof(int)));
+    return compiled == 1;
+  }();
   return available;
 }
 

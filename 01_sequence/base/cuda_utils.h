@@ -48,18 +48,15 @@ inline int multiprocessor_count(int device = -1) {
   return count;
 }
 
-// Whether this process runs sm_90a code (wgmma, 05_attention's v12 and 06_tensor_parallel's v6) on the
-// current GPU: a GPU of compute capability 9.0 (sm_90a code runs there only), and `compiled_flag`, a
-// `__device__ const int` of the caller's file set to 1 in its sm_90a pass and 0 in the others, reads 1
-// from the code the GPU loaded.
-inline bool runs_sm90a_code(const int& compiled_flag) {
-  int device = 0, major = 0, minor = 0, compiled = 0;
+// Whether the current GPU is of compute capability 9.0, the only one sm_90a code (wgmma: 05_attention's v12,
+// 06_tensor_parallel's v6) runs on. Whether that code was built is each kernel file's own question (a
+// `__device__` flag set in its sm_90a pass, read back with cudaMemcpyFromSymbol in that file).
+inline bool gpu_is_sm90() {
+  int device = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) return false;
-  CUDA_CHECK(cudaMemcpyFromSymbol(&compiled, &compiled_flag, sizeof(int)));  // the symbol: its host-side address
-  return compiled == 1;
+  return major == 9 && minor == 0;
 }
 
 // Overlapped launches (programmatic dependent launch, sm_90 and later). A decode step is ~300 kernels in
