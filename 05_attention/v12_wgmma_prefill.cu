@@ -21,7 +21,7 @@
 //           blocks an SM). Head dims 64 and 128. On a GPU without wgmma (or code not built for sm_90a) the
 //           dispatch runs v5 instead (attention.cu).
 // Measured: `attention prefill` over bench.py's workload 92 ms (v5) -> 62 ms; 76 ms without the one
-//           read per tile, 85 ms with two blocks an SM (NOTES.md, "v12: prefill on wgmma").
+//           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma").
 //
 // ---------------------------------------------------------------------------------------------------
 // The products (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"). Thread t of the
