@@ -75,10 +75,14 @@ __device__ inline void load_kv_tile(const AttentionParams& p, const int32_t* blo
   for (int i = threadIdx.x; i < kBc * CHUNKS; i += kThreads) {
     const int row = i / CHUNKS, chunk = i % CHUNKS, j = t * kBc + row;
     const bool valid = j < key_end;
-    const int64_t slot = !valid ? 0 : whole_tiles ? first_slot + row : key_slot(block_table, j, p.block_size);
-    const int64_t offset = valid ? slot * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk : 0;
-    cp_async_16(sK + tile_offset(row, chunk), p.k_cache + offset, valid);
-    cp_async_16(sV + tile_offset(row, chunk), p.v_cache + offset, valid);
+    int64_t offset = 0;  // a key past key_end reads nothing (zero-filled)
+    if (valid) {
+      const int64_t slot = whole_tiles ? first_slot + row : key_slot(block_table, j, p.block_size);
+      offset = slot * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
+    }
+    const uint32_t dst = tile_offset(row, chunk);
+    cp_async_16(sK + dst, p.k_cache + offset, valid);
+    cp_async_16(sV + dst, p.v_cache + offset, valid);
   }
 }
 

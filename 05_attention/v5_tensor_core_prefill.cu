@@ -127,12 +127,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v5_tensor_co
   // K/V tile t (keys 64 t .. 64 t + 63) into buffer `buf`, each key through the block table (a tile may
   // span several pages when block_size < 64). Keys past key_end are zeros: masked to weight 0, and
   // 0 * (uninitialised shared memory) could be NaN.
+  // When the cache's blocks hold whole tiles (block_size a multiple of 64) a tile's keys are consecutive
+  // slots: one block-table read a tile (v12_wgmma_prefill.cu measured what that buys).
+  const bool whole_tiles = p.block_size % kBc == 0;
   auto load_kv_tile = [&](int t, int buf) {
+    const int64_t first_slot = whole_tiles ? key_slot(block_table, t * kBc, p.block_size) : 0;  // t * kBc < key_end
     for (int i = threadIdx.x; i < kBc * CHUNKS; i += kThreads) {
       const int row = i / CHUNKS, chunk = i % CHUNKS, j = t * kBc + row;
       const bool valid = j < key_end;
-      const int64_t offset =
-          valid ? key_slot(block_table, j, p.block_size) * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk : 0;
+      int64_t offset = 0;  // a key past key_end reads nothing (zero-filled)
+      if (valid) {
+        const int64_t slot = whole_tiles ? first_slot + row : key_slot(block_table, j, p.block_size);
+        offset = slot * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
+      }
       const uint32_t dst = uint32_t(buf * kTileBytes) + tile_offset<HEAD_DIM>(row, chunk);
       cp_async_16(sK + dst, p.k_cache + offset, valid);
       cp_async_16(sV + dst, p.v_cache + offset, valid);

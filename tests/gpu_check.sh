@@ -16,6 +16,8 @@
 #              barrier), 04_model_runner/NOTES.md section 9
 #   timeline   tests/timeline.cpp (CUPTI, loaded through CUDA_INJECTION64_PATH): bench-step's graph at batch
 #              ${TIMELINE_BATCHES:-1 16 64 256}, kernel by kernel, beside the untraced step (04 NOTES, section 13)
+#   benchline  tests/timeline.cpp over a whole `bench --random qwen3-0.6b` (TIMELINE_ALL=1): every decode step's
+#              graph, kernel by kernel, summed over the run, beside the untraced run
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
 set -uo pipefail
@@ -90,12 +92,21 @@ for phase in $phases; do
     chain)
       nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o $B/chain_bench > "$out/chain-build.log" 2>&1 &&
         $B/chain_bench | tee "$out/chain.log" || status=1 ;;
-    timeline)
+    timeline|benchline)
       cupti_h=$(find /usr/local/cuda*/ -name cupti.h 2>/dev/null | head -1)
       cupti_so=$(find /usr/local/cuda*/ -name 'libcupti.so' 2>/dev/null | head -1)
       nvcc -O2 -std=c++17 -shared -Xcompiler -fPIC -I"$(dirname "$cupti_h")" tests/timeline.cpp -o $B/libtimeline.so \
         -L"$(dirname "$cupti_so")" -lcupti -Xlinker -rpath -Xlinker "$(dirname "$cupti_so")" > "$out/timeline-build.log" 2>&1 ||
         { status=1; tail -5 "$out/timeline-build.log"; continue; }
+      if [ "$phase" = benchline ]; then
+        $B/nanovllm bench --random qwen3-0.6b > "$out/bench-untraced.log" 2>&1
+        TIMELINE_ALL=1 CUDA_INJECTION64_PATH=$PWD/$B/libtimeline.so $B/nanovllm bench --random qwen3-0.6b \
+          > "$out/benchline.log" 2>&1 || status=1
+        echo "untraced: $(grep -E 'Throughput' "$out/bench-untraced.log")"
+        grep -E 'Throughput|decode steps|prefill' "$out/benchline.log"
+        sed -n '/^timeline (all replays)/,$p' "$out/benchline.log"
+        continue
+      fi
       for b in ${TIMELINE_BATCHES:-1 16 64 256}; do
         $B/nanovllm bench-step --random qwen3-0.6b --batch $b > "$out/step-$b.log" 2>&1
         CUDA_INJECTION64_PATH=$PWD/$B/libtimeline.so $B/nanovllm bench-step --random qwen3-0.6b --batch $b \

@@ -11,7 +11,8 @@
 //   CUDA_INJECTION64_PATH=$PWD/libtimeline.so nanovllm bench-step --random qwen3-0.6b --batch 1
 //
 // Environment: TIMELINE_REPLAYS (10), how many of the last replays to average; TIMELINE_NODES (40), how
-// many nodes of the first table to print (0: none).
+// many nodes of the first table to print (0: none); TIMELINE_ALL (0): 1 prints instead one table over every
+// replay of every graph, for a whole run such as `bench` (report_all_replays).
 //
 // What it prints, in microseconds, averaged over the replays:
 //   per node, in order of start: its start from the replay's first kernel, its duration, and what it adds
@@ -116,11 +117,64 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
+// TIMELINE_ALL=1: every replay of every graph (a whole `bench` run's decode steps), by kernel name: calls,
+// durations and adds summed over the run, in milliseconds; the replays' spans summed; and the GPU's idle time
+// between one replay's last kernel and the next one's first, where no kernel outside a graph ran between.
+void report_all_replays(const std::vector<KernelRecord>& records) {
+  std::map<uint32_t, std::vector<const KernelRecord*>> by_launch;
+  std::vector<const KernelRecord*> outside;  // kernels launched outside any graph (prefill, warm-up)
+  for (const KernelRecord& r : records) (r.graph_id != 0 ? by_launch[r.correlation] : outside).push_back(&r);
+  std::vector<std::vector<const KernelRecord*>> replays;
+  for (auto& [correlation, kernels] : by_launch) {
+    std::sort(kernels.begin(), kernels.end(), [](auto* a, auto* b) { return a->start < b->start; });
+    replays.push_back(kernels);
+  }
+  std::sort(replays.begin(), replays.end(), [](auto& a, auto& b) { return a[0]->start < b[0]->start; });
+  std::sort(outside.begin(), outside.end(), [](auto* a, auto* b) { return a->start < b->start; });
+  struct Total {
+    long calls = 0;
+    double duration = 0, adds = 0;
+  };
+  std::map<std::string, Total> by_name;
+  double span = 0, idle = 0;
+  size_t next_outside = 0;
+  uint64_t previous_end = 0;
+  for (const auto& kernels : replays) {
+    const uint64_t t0 = kernels.front()->start;
+    // Idle before this replay: from the previous replay's end, if no kernel outside a graph started between.
+    while (next_outside < outside.size() && outside[next_outside]->start < t0) {
+      if (outside[next_outside]->start > previous_end) previous_end = 0;
+      next_outside++;
+    }
+    if (previous_end != 0 && t0 > previous_end) idle += double(t0 - previous_end) * 1e-6;
+    uint64_t latest_end = t0;
+    for (const KernelRecord* k : kernels) {
+      Total& t = by_name[k->name];
+      t.calls++, t.duration += double(k->end - k->start) * 1e-6;
+      t.adds += k->end > latest_end ? double(k->end - latest_end) * 1e-6 : 0.0;
+      latest_end = std::max(latest_end, k->end);
+    }
+    span += double(latest_end - t0) * 1e-6;
+    previous_end = latest_end;
+  }
+  Total outside_total;
+  for (const KernelRecord* k : outside) outside_total.calls++, outside_total.duration += double(k->end - k->start) * 1e-6;
+  std::printf("timeline (all replays): %zu graph replays, spans summed %.1f ms, idle between consecutive replays %.1f ms; "
+              "%ld kernels outside graphs, %.1f ms of durations\n",
+              replays.size(), span, idle, outside_total.calls, outside_total.duration);
+  std::vector<std::pair<std::string, Total>> totals(by_name.begin(), by_name.end());
+  std::sort(totals.begin(), totals.end(), [](auto& a, auto& b) { return a.second.adds > b.second.adds; });
+  std::printf("%-56s %8s %12s %12s\n", "by kernel, all replays", "calls", "duration ms", "adds ms");
+  for (const auto& [name, t] : totals)
+    std::printf("%-56s %8ld %12.1f %12.1f\n", name.c_str(), t.calls, t.duration, t.adds);
+}
+
 // At exit: flush CUPTI's buffers, then print the tables described at the top of this file.
 void report() {
   cuptiActivityFlushAll(1);
   std::lock_guard<std::mutex> lock(g_mutex);
   const std::vector<KernelRecord>& records = *g_records;
+  if (env_int("TIMELINE_ALL", 0) != 0) return report_all_replays(records);
   // The graph launched last: the one whose kernel started last.
   uint32_t graph = 0;
   uint64_t latest = 0;
