@@ -14,6 +14,8 @@
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
 #              barrier), 04_model_runner/NOTES.md section 9
+#   probe      tests/kv_stream_probe.cu: how fast a paged KV cache can be read, and what of v9's work costs
+#              bandwidth (05_attention/NOTES.md, "What the KV stream allows"), at 4 (sequences, context) points
 #   timeline   tests/timeline.cpp (CUPTI, loaded through CUDA_INJECTION64_PATH): bench-step's graph at batch
 #              ${TIMELINE_BATCHES:-1 16 64 256}, kernel by kernel, beside the untraced step (04 NOTES, section 13)
 #   benchline  tests/timeline.cpp over a whole `bench --random qwen3-0.6b` (TIMELINE_ALL=1): every decode step's
@@ -89,6 +91,10 @@ for phase in $phases; do
       objects=$(find $B/obj -name '*.o' ! -name '*_test.*' ! -path '*/tests/*' ! -name 'main.cpp.o')
       nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA tests/linear_sweep.cpp $objects -o $B/linear_sweep -lcublasLt -lcublas \
         > "$out/sweep-build.log" 2>&1 && $B/linear_sweep | tee "$out/sweep.log" || status=1 ;;
+    probe)
+      nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/kv_stream_probe.cu -o $B/kv_stream_probe > "$out/probe-build.log" 2>&1 ||
+        { status=1; tail -5 "$out/probe-build.log"; continue; }
+      for shape in "256 1000" "256 500" "128 700" "64 1000"; do $B/kv_stream_probe $shape; done | tee "$out/probe.log" ;;
     chain)
       nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o $B/chain_bench > "$out/chain-build.log" 2>&1 &&
         $B/chain_bench | tee "$out/chain.log" || status=1 ;;

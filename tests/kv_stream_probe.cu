@@ -1,0 +1,349 @@
+// kv_stream_probe.cu: how fast the memory system lets a decode kernel read a paged KV cache, and what of v9's
+// own work (05_attention/v9_tensor_core_decode.cu) costs it bandwidth (05_attention/NOTES.md, "What the KV
+// stream allows").
+//
+// One layer's cache as the engine lays it out: K and V each (slots, 8 KV heads, 128) bf16, slots in blocks of
+// 256 whose order the block table shuffles. The grid is v9's at one split: a block of 4 warps per (sequence,
+// KV head), warp w reading 16-key tiles w, w + 4, ... (4 KB of K and 4 KB of V each), 3 tiles a warp in shared
+// memory (96 KB a block, 2 blocks an SM). Eight ways to read it, each timed over 20 launches:
+//   cp.async          v9's copies: 16 bytes a lane and instruction into XOR-swizzled rows, one commit group a
+//                     tile, then one shared-memory word a lane read (the "use")
+//   bulk copy         the copy engine, one 256-byte row a lane (cp.async.bulk), counted on an mbarrier a stage
+//   TMA box           the copy engine, one (16 keys x 128) box of K and one of V a tile from a tensor map
+//   ld.global         16-byte loads into registers, no shared memory (the first probe of the notes)
+//   + fixed costs     cp.async, plus what a v9 block does besides its tiles: its context length read from
+//                     memory first, and at the end its 4 warps' (8 x 128) fp32 states merged through shared
+//                     memory and 256 outputs written
+//   persistent        the same work, but 2 blocks an SM walk the (sequence, KV head) items, each warp's copies
+//                     running on into its next item's tiles while this item merges
+//   + tensor work     cp.async, plus v9's arithmetic on every tile: 8 ldmatrix and 16 mma for S = Q K^T, a
+//                     max, exponentials and 4 shuffles, 8 ldmatrix.trans and 8 mma for O^T += V^T P^T
+//   bulk + tensor     the bulk copies into rows padded to 272 bytes (so that ldmatrix meets no bank conflict),
+//                     plus the same arithmetic
+// Prints the copy bandwidth (cudaMemcpy, read + write) and each way's GB/s of K and V read.
+// Build and run on a GPU of compute capability 9.0 (tests/gpu_check.sh OUT probe does both):
+//   nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/kv_stream_probe.cu -o build/kv_stream_probe
+//   build/kv_stream_probe [sequences (256)] [context (1000)]
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "01_sequence/base/ptx.cuh"
+using namespace nanovllm;
+using bf16 = __nv_bfloat16;
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e = (x);                                                                      \
+    if (e != cudaSuccess) {                                                                   \
+      std::printf("error: %s at kv_stream_probe.cu:%d\n", cudaGetErrorString(e), __LINE__);  \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+constexpr int kHeadDim = 128, kKvHeads = 8, kBlockSize = 256, kTileKeys = 16, kWarps = 4, kStages = 3;
+constexpr int kKvDim = kKvHeads * kHeadDim;            // elements from one slot's row to the next
+constexpr int kRowBytes = kHeadDim * 2;                // one key's K (or V) of one head: 256 bytes
+constexpr int kPaddedRow = kRowBytes + 16;             // rows of the bulk + tensor way
+enum Way { kCpAsync, kBulk, kTmaBox, kLdGlobal, kFixedCosts, kPersistent, kTensorWork, kBulkTensorWork };
+
+struct Cache {
+  const bf16* k;
+  const bf16* v;
+  const int* block_table;  // (sequences, table_width)
+  const int* context_lens; // (sequences)
+  int table_width, context, sequences;
+  bf16* out;               // (sequences x KV heads, 2, kHeadDim): the merged outputs of the fixed-costs ways
+  unsigned* sink;          // written only if the words read XOR to a value they never do: keeps the reads alive
+};
+
+// Byte offset of 16-byte chunk c of row r in a tile: v9's XOR swizzle, or the padded rows.
+template <bool PADDED>
+__device__ inline uint32_t tile_offset(int r, int c) {
+  return PADDED ? uint32_t(r * kPaddedRow + c * 16) : uint32_t(r * kRowBytes + ((c ^ (r % 8)) * 16));
+}
+
+// v9's arithmetic on one staged tile (K at k_tile, V at v_tile), its operands from real ldmatrix reads: the
+// same instructions and dependencies, with a query of ones. o and m carry from tile to tile as v9's state.
+template <bool PADDED>
+__device__ inline void tensor_work(uint32_t k_tile, uint32_t v_tile, float (&o)[8][4], float& m) {
+  const int lane = threadIdx.x % 32, ld_row = 8 * (lane / 16) + lane % 8, ld_half = (lane / 8) % 2;
+  const uint32_t q[4] = {0x3f803f80u, 0u, 0x3f803f80u, 0u};  // bf16 ones in rows 0..7, zeros below
+  float s[2][2][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < 8; kk++) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_tile + tile_offset<PADDED>(ld_row, 2 * kk + ld_half));
+    mma_16816(s[kk % 2][0], q, b[0], b[1]);
+    mma_16816(s[kk % 2][1], q, b[2], b[3]);
+  }
+  float x = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < 2; n++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) x = fmaxf(x, s[0][n][j] + s[1][n][j]);
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  const float m_new = fmaxf(m, x), alpha = exp2f(m - m_new), p = exp2f(x - m_new);
+  m = m_new;
+  const float alpha_lo = __shfl_sync(0xffffffffu, alpha, 0), alpha_hi = __shfl_sync(0xffffffffu, alpha, 4);
+  const uint32_t pp = pack_bf16x2(p, p);
+#pragma unroll
+  for (int mt = 0; mt < 8; mt++) {
+    o[mt][0] *= alpha_lo, o[mt][1] *= alpha_hi, o[mt][2] *= alpha_lo, o[mt][3] *= alpha_hi;
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, v_tile + tile_offset<PADDED>(ld_row, 2 * mt + ld_half));
+    mma_16816(o[mt], a, pp, pp);
+  }
+}
+
+__device__ inline unsigned shared_word(uint32_t address) {
+  unsigned word;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(word) : "r"(address));
+  return word;
+}
+
+// Tile t of (sequence, head) for this warp: keys (warp + 4 t) * 16 .., whose first slot the block table gives.
+__device__ inline int64_t first_slot(const int* table, int t) {
+  const int key = (threadIdx.x / 32 + t * kWarps) * kTileKeys;
+  return int64_t(table[key / kBlockSize]) * kBlockSize + key % kBlockSize;
+}
+
+// cp.async of one tile's K and V into a stage (v9's copies: 16 rows x 16 chunks each, 2 rows an instruction).
+template <bool PADDED>
+__device__ inline void copy_tile(const Cache& c, int64_t slot0, int head, uint32_t stage, uint32_t v_offset) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kTileKeys / 2; i++) {
+    const int row = 2 * i + lane / 16, chunk = lane % 16;
+    const int64_t at = (slot0 + row) * kKvDim + head * kHeadDim + chunk * 8;
+    cp_async_16(stage + tile_offset<PADDED>(row, chunk), c.k + at, true);
+    cp_async_16(stage + v_offset + tile_offset<PADDED>(row, chunk), c.v + at, true);
+  }
+}
+
+template <Way WAY>
+__global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __grid_constant__ CUtensorMap k_map,
+                                                          const __grid_constant__ CUtensorMap v_map) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ __align__(8) uint64_t landed[kWarps][kStages];  // the copy engine's ways: a barrier a stage
+  constexpr bool kPadded = WAY == kBulkTensorWork;
+  constexpr uint32_t kHalf = kTileKeys * (kPadded ? kPaddedRow : kRowBytes), kStage = 2 * kHalf;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t stages = smem_address(smem) + warp * kStages * kStage;
+  unsigned used = 0;
+
+  if (WAY == kFixedCosts || WAY == kPersistent) {
+    __shared__ float states[kWarps][8][kHeadDim];
+    // The warp's tiles, item after item (items: (sequence, head), first, first + step, ...), walked by a
+    // copier that runs kStages - 1 tiles ahead and a reader.
+    const int items = c.sequences * kKvHeads;
+    const int first = WAY == kFixedCosts ? int(blockIdx.z) * kKvHeads + int(blockIdx.y) : int(blockIdx.x);
+    const int step = WAY == kFixedCosts ? items : int(gridDim.x);
+    struct Walk { int item, t, tiles; const int* table; };
+    auto begin = [&](Walk& w, int item) {
+      w.item = item, w.t = 0, w.tiles = 0;
+      if (item >= items) return;
+      const int context = __ldcg(c.context_lens + item / kKvHeads);  // a round trip, as v9's first load
+      w.tiles = ((context + kTileKeys - 1) / kTileKeys - warp + kWarps - 1) / kWarps;
+      w.table = c.block_table + (item / kKvHeads) * c.table_width;
+    };
+    Walk copier, reader;
+    begin(copier, first), begin(reader, first);
+    int filled = 0, read = 0;
+    auto copy_next = [&] {
+      while (copier.item < items && copier.t >= copier.tiles) begin(copier, copier.item + step);
+      if (copier.item < items)
+        copy_tile<false>(c, first_slot(copier.table, copier.t++), copier.item % kKvHeads,
+                         stages + (filled % kStages) * kStage, kHalf);
+      filled++;
+      cp_async_commit();
+    };
+    for (int i = 0; i < kStages - 1; i++) copy_next();
+    while (reader.item < items) {
+      for (; reader.t < reader.tiles; reader.t++, read++) {
+        __syncwarp();  // every lane is done with the stage copy_next refills
+        copy_next();
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+        used ^= shared_word(stages + (read % kStages) * kStage + lane * 16);
+      }
+      // The merge: each warp's state through shared memory, 256 outputs a block.
+      for (int r = 0; r < 8; r++)
+        for (int d = lane; d < kHeadDim; d += 32) states[warp][r][d] = float(used & 0xff) + float(r);
+      __syncthreads();
+      for (int i = threadIdx.x; i < 2 * kHeadDim; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < kWarps; w++) sum += states[w][i / kHeadDim][i % kHeadDim];
+        c.out[int64_t(reader.item) * 2 * kHeadDim + i] = __float2bfloat16(sum);
+      }
+      __syncthreads();  // the states are read before the next item writes them
+      if (WAY == kFixedCosts) break;
+      begin(reader, reader.item + step);
+    }
+    cp_async_wait<0>();
+  } else {
+    const int seq = blockIdx.z, head = blockIdx.y;
+    const int tiles = ((c.context + kTileKeys - 1) / kTileKeys - warp + kWarps - 1) / kWarps;
+    const int* table = c.block_table + seq * c.table_width;
+    const uint32_t barriers = smem_address(&landed[warp][0]);
+    if (WAY == kLdGlobal) {
+      for (int t = 0; t < tiles; t++) {
+        const int64_t slot0 = first_slot(table, t);
+        uint4 k[8], v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+          const int64_t at = (slot0 + 2 * i + lane / 16) * kKvDim + head * kHeadDim + (lane % 16) * 8;
+          k[i] = __ldcg(reinterpret_cast<const uint4*>(c.k + at));
+          v[i] = __ldcg(reinterpret_cast<const uint4*>(c.v + at));
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) used ^= k[i].x ^ k[i].w ^ v[i].y ^ v[i].z;
+      }
+    } else {
+      constexpr bool kEngine = WAY == kBulk || WAY == kTmaBox || WAY == kBulkTensorWork;
+      if (kEngine) {
+        if (lane == 0)
+          for (int s = 0; s < kStages; s++) mbarrier_init(barriers + 8 * s);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        __syncwarp();
+      }
+      auto copy = [&](int t) {
+        const uint32_t stage = stages + (t % kStages) * kStage, barrier = barriers + 8 * (t % kStages);
+        if (t < tiles) {
+          const int64_t slot0 = first_slot(table, t);
+          if (WAY == kBulk || WAY == kBulkTensorWork) {
+            if (lane == 0) mbarrier_arrive_expecting(barrier, 2 * kTileKeys * kRowBytes);
+            __syncwarp();  // the bytes are announced before any lands
+            const int row = lane % 16;
+            const bf16* src = (lane < 16 ? c.k : c.v) + (slot0 + row) * kKvDim + head * kHeadDim;
+            bulk_copy_to_shared(stage + (lane < 16 ? 0 : kHalf) + row * (kPadded ? kPaddedRow : kRowBytes), src,
+                                kRowBytes, barrier);
+          } else if (WAY == kTmaBox) {
+            if (lane == 0) {
+              mbarrier_arrive_expecting(barrier, 2 * kTileKeys * kRowBytes);
+              for (int kv = 0; kv < 2; kv++)
+                asm volatile(
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                    "%3}], [%4];\n" ::"r"(stage + kv * kHalf),
+                    "l"(reinterpret_cast<uint64_t>(kv == 0 ? &k_map : &v_map)), "r"(head * kHeadDim), "r"(int(slot0)),
+                    "r"(barrier)
+                    : "memory");
+            }
+          } else {
+            copy_tile<kPadded>(c, slot0, head, stage, kHalf);
+          }
+        }
+        if (!kEngine) cp_async_commit();
+      };
+      float o[8][4] = {}, m = -INFINITY;
+      for (int t = 0; t < kStages - 1; t++) copy(t);
+      for (int t = 0; t < tiles; t++) {
+        __syncwarp();  // every lane is done with the stage copy refills
+        copy(t + kStages - 1);
+        if (kEngine) mbarrier_wait(barriers + 8 * (t % kStages), (t / kStages) % 2);
+        else cp_async_wait<kStages - 1>();
+        __syncwarp();
+        const uint32_t stage = stages + (t % kStages) * kStage;
+        if (WAY == kTensorWork || WAY == kBulkTensorWork) {
+          tensor_work<kPadded>(stage, stage + kHalf, o, m);
+        } else {
+          used ^= shared_word(stage + lane * 16);
+        }
+      }
+      if (!kEngine) cp_async_wait<0>();
+      for (int mt = 0; mt < 8; mt++) used ^= __float_as_uint(o[mt][0] + o[mt][3]);
+    }
+  }
+  if (used == 0x9e3779b9u) c.sink[0] = used;
+}
+
+int main(int argc, char** argv) {
+  const int sequences = argc > 1 ? std::atoi(argv[1]) : 256, context = argc > 2 ? std::atoi(argv[2]) : 1000;
+  const int table_width = (context + kBlockSize - 1) / kBlockSize, blocks = sequences * table_width;
+  const size_t slots = size_t(blocks) * kBlockSize, bytes = slots * kKvDim * sizeof(bf16);
+  bf16 *k, *v, *out;
+  int *block_table, *context_lens;
+  unsigned* sink;
+  CK(cudaMalloc(&k, bytes));
+  CK(cudaMalloc(&v, bytes));
+  CK(cudaMemset(k, 0x3c, bytes));
+  CK(cudaMemset(v, 0x3c, bytes));
+  CK(cudaMalloc(&out, size_t(sequences) * kKvHeads * 2 * kHeadDim * sizeof(bf16)));
+  CK(cudaMalloc(&sink, sizeof(unsigned)));
+  std::vector<int> table(blocks), lens(sequences, context);
+  for (int i = 0; i < blocks; i++) table[i] = i;
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));  // a cache's blocks come in any order
+  CK(cudaMalloc(&block_table, blocks * sizeof(int)));
+  CK(cudaMalloc(&context_lens, sequences * sizeof(int)));
+  CK(cudaMemcpy(block_table, table.data(), blocks * sizeof(int), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(context_lens, lens.data(), sequences * sizeof(int), cudaMemcpyHostToDevice));
+  const Cache cache{k, v, block_table, context_lens, table_width, context, sequences, out, sink};
+
+  // The TMA way's tensor maps: (slots, kKvDim) bf16 matrices, boxes of (16 keys, 128).
+  void* encode_fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &encode_fn, 12000, cudaEnableDefault, &found));
+  const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(encode_fn);
+  CUtensorMap k_map, v_map;
+  const cuuint64_t size[2] = {cuuint64_t(kKvDim), cuuint64_t(slots)}, row_bytes[1] = {cuuint64_t(kKvDim) * 2};
+  const cuuint32_t box[2] = {kHeadDim, kTileKeys}, element_strides[2] = {1, 1};
+  for (auto [map, base] : {std::pair{&k_map, k}, std::pair{&v_map, v}})
+    if (encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, size, row_bytes, box, element_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      std::printf("error: cuTensorMapEncodeTiled failed\n");
+      return 1;
+    }
+
+  cudaEvent_t start, stop;
+  CK(cudaEventCreate(&start));
+  CK(cudaEventCreate(&stop));
+  {
+    void* copy;
+    CK(cudaMalloc(&copy, bytes));
+    CK(cudaMemcpy(copy, k, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(start));
+    for (int i = 0; i < 5; i++) CK(cudaMemcpy(copy, k, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(stop));
+    CK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, stop));
+    std::printf("%d sequences, context %d: copy bandwidth %.0f GB/s (read + write)\n", sequences, context,
+                2.0 * double(bytes) * 5 / ms / 1e6);
+    CK(cudaFree(copy));
+  }
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double read = double(sequences) * context * kKvHeads * kRowBytes * 2;  // K and V
+  auto run = [&](auto kernel, const char* name, bool persistent, bool padded) {
+    const int smem = kWarps * kStages * 2 * kTileKeys * (padded ? kPaddedRow : kRowBytes);
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 grid = persistent ? dim3(unsigned(std::min(2 * sms, sequences * kKvHeads)))
+                                 : dim3(1, unsigned(kKvHeads), unsigned(sequences));
+    kernel<<<grid, kWarps * 32, smem>>>(cache, k_map, v_map);
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(start));
+    for (int i = 0; i < 20; i++) kernel<<<grid, kWarps * 32, smem>>>(cache, k_map, v_map);
+    CK(cudaEventRecord(stop));
+    CK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, stop));
+    std::printf("  %-16s %8.1f us a pass %6.0f GB/s\n", name, ms * 1000 / 20, read * 20 / ms / 1e6);
+  };
+  run(probe_kernel<kCpAsync>, "cp.async", false, false);
+  run(probe_kernel<kBulk>, "bulk copy", false, false);
+  run(probe_kernel<kTmaBox>, "TMA box", false, false);
+  run(probe_kernel<kLdGlobal>, "ld.global", false, false);
+  run(probe_kernel<kFixedCosts>, "+ fixed costs", false, false);
+  run(probe_kernel<kPersistent>, "persistent", true, false);
+  run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
+  run(probe_kernel<kBulkTensorWork>, "bulk + tensor", false, true);
+  return 0;
+}
