@@ -124,11 +124,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v5_tensor_co
 
   // Copies (all 128 threads): element i = threadIdx.x + 128 k of a tile is row i / CHUNKS, chunk
   // i % CHUNKS (for head_dim 128: rows tid / 16 + 8 k, chunk tid % 16, k = 0..7).
-  // K/V tile t (keys 64 t .. 64 t + 63) into buffer `buf`, each key through the block table (a tile may
-  // span several pages when block_size < 64). Keys past key_end are zeros: masked to weight 0, and
+  // K/V tile t (keys 64 t .. 64 t + 63) into buffer `buf`, through the block table. When the cache's blocks
+  // hold whole tiles (block_size a multiple of 64) a tile's keys are consecutive slots of one block: one
+  // table read a tile (NOTES.md, "v5 with one block-table read a tile"); otherwise a tile may span several
+  // blocks, and each key is looked up. Keys past key_end are zeros: masked to weight 0, and
   // 0 * (uninitialised shared memory) could be NaN.
-  // When the cache's blocks hold whole tiles (block_size a multiple of 64) a tile's keys are consecutive
-  // slots: one block-table read a tile (v12_wgmma_prefill.cu measured what that buys).
   const bool whole_tiles = p.block_size % kBc == 0;
   auto load_kv_tile = [&](int t, int buf) {
     const int64_t first_slot = whole_tiles ? key_slot(block_table, t * kBc, p.block_size) : 0;  // t * kBc < key_end
