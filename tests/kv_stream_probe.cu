@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
       // The merge: each warp's state through shared memory, 256 outputs a block.
       for (int r = 0; r < 8; r++)
         for (int d = lane; d < kHeadDim; d += 32) states[warp][r][d] = float(used & 0xff) + float(r);
-      __syncthreads();
+      __syncthreads();  // every warp's state is written before any thread adds them
       for (int i = threadIdx.x; i < 2 * kHeadDim; i += blockDim.x) {
         float sum = 0.0f;
         for (int w = 0; w < kWarps; w++) sum += states[w][i / kHeadDim][i % kHeadDim];
