@@ -185,10 +185,14 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreInsideDecodeAttention) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(6);
   struct Case { int heads, kv_heads, head_dim, block_size; std::vector<int> context; int grid_context; };
-  std::vector<int> twenty(20);
+  std::vector<int> twenty(20), forty_eight(48);
   for (size_t b = 0; b < twenty.size(); b++) twenty[b] = b % 7 == 3 ? 0 : 1 + int(rng() % 1200);
+  // 384 blocks at one split: more than an H200 holds at once (2 an SM), so later blocks do their q work
+  // after the first wave's, as the engine's larger batches would if they fused.
+  for (size_t b = 0; b < forty_eight.size(); b++) forty_eight[b] = b % 11 == 5 ? 0 : 1 + int(rng() % 600);
   const std::vector<Case> cases = {{16, 8, 128, 16, {1, 300, 2000}, 0}, {16, 8, 128, 256, twenty, 4096},
-                                   {8, 1, 64, 16, {77, 0, 513}, 1024}, {4, 2, 128, 48, {17, 200}, 0}};
+                                   {16, 8, 128, 256, forty_eight, 0}, {8, 1, 64, 16, {77, 0, 513}, 1024},
+                                   {4, 2, 128, 48, {17, 200}, 0}};
   for (const Case& c : cases) {
     const int B = int(c.context.size()), kv_dim = c.kv_heads * c.head_dim, q_dim = c.heads * c.head_dim;
     const int stride = q_dim + 2 * kv_dim, max_pos = 4096;
