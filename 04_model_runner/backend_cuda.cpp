@@ -148,12 +148,10 @@ class CudaBackend final : public Backend {
     }
   }
   bool fuses_qk_norm_rope_store_attention(const AttentionMetadata& m, const AttentionShape& s) const override {
-    // Only while the attention grid is one wave (at most ~2 blocks per SM: 256 blocks): measured on the H200
-    // (04_model_runner/NOTES.md section 7), the fused kernel saves a launch per layer at batch 1-16 and
-    // costs more than that from batch 128 on, where every wave of blocks pays the q work again.
-    constexpr int kFuseMaxBlocks = 256;
-    return !m.is_prefill && decode_attention_fuses_qk_norm_rope(attention_version_, s) &&
-           m.num_seqs * s.num_kv_heads <= kFuseMaxBlocks;
+    // At every decode batch the versions allow: one launch fewer a layer. Measured on the H200
+    // (04_model_runner/NOTES.md section 7): first built only for grids of one wave (it lost from 128
+    // sequences on then), measured again after v9's later changes it wins at 64-256 sequences too.
+    return !m.is_prefill && decode_attention_fuses_qk_norm_rope(attention_version_, s);
   }
   void qk_norm_rope_store_attention(const Tensor& out, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                     const Tensor& positions, const Tensor& cos, const Tensor& sin,

@@ -120,6 +120,44 @@ int env_int(const char* name, int fallback) {
 // TIMELINE_ALL=1: every replay of every graph (a whole `bench` run's decode steps), by kernel name: calls,
 // durations and adds summed over the run, in milliseconds; the replays' spans summed; and the GPU's idle time
 // between one replay's last kernel and the next one's first, where no kernel outside a graph ran between.
+// The kernels launched outside any graph after the first replay began: in `bench`, the timed run's prefills
+// (the start-up warm-ups and the warm-up request's prefill come before it). Per kernel name their durations
+// summed, and the GPU's idle time between two of them with no graph replay in between (the host preparing
+// and launching the next): what a prefill step costs beside its kernels.
+void report_eager_after(const std::vector<const KernelRecord*>& outside, uint64_t after,
+                        const std::vector<std::vector<const KernelRecord*>>& replays) {
+  struct Total {
+    long calls = 0;
+    double duration = 0;
+  };
+  std::map<std::string, Total> by_name;
+  double busy = 0, idle = 0;
+  uint64_t latest_end = 0;
+  size_t next_replay = 0;
+  for (const KernelRecord* k : outside) {  // sorted by start
+    if (k->start < after) continue;
+    Total& t = by_name[k->name];
+    t.calls++, t.duration += double(k->end - k->start) * 1e-6;
+    // A replay that started since the last eager kernel ends the stretch: that gap is the decode's, not idle.
+    bool replay_between = false;
+    while (next_replay < replays.size() && replays[next_replay].front()->start < k->start) {
+      if (replays[next_replay].front()->start > latest_end) replay_between = true;
+      next_replay++;
+    }
+    if (latest_end != 0 && !replay_between && k->start > latest_end) idle += double(k->start - latest_end) * 1e-6;
+    if (k->end > latest_end) busy += double(k->end - std::max(k->start, latest_end)) * 1e-6;  // overlaps counted once
+    latest_end = std::max(latest_end, k->end);
+  }
+  long calls = 0;
+  for (const auto& [name, t] : by_name) calls += t.calls;
+  std::printf("\nkernels outside graphs after the first replay: %ld, busy %.1f ms, idle between them %.1f ms\n", calls,
+              busy, idle);
+  std::vector<std::pair<std::string, Total>> totals(by_name.begin(), by_name.end());
+  std::sort(totals.begin(), totals.end(), [](auto& a, auto& b) { return a.second.duration > b.second.duration; });
+  std::printf("%-56s %8s %12s\n", "by kernel, outside graphs", "calls", "duration ms");
+  for (const auto& [name, t] : totals) std::printf("%-56s %8ld %12.1f\n", name.c_str(), t.calls, t.duration);
+}
+
 void report_all_replays(const std::vector<KernelRecord>& records) {
   std::map<uint32_t, std::vector<const KernelRecord*>> by_launch;
   std::vector<const KernelRecord*> outside;  // kernels launched outside any graph (prefill, warm-up)
@@ -167,6 +205,7 @@ void report_all_replays(const std::vector<KernelRecord>& records) {
   std::printf("%-56s %8s %12s %12s\n", "by kernel, all replays", "calls", "duration ms", "adds ms");
   for (const auto& [name, t] : totals)
     std::printf("%-56s %8ld %12.1f %12.1f\n", name.c_str(), t.calls, t.duration, t.adds);
+  if (!replays.empty()) report_eager_after(outside, replays.front().front()->start, replays);
 }
 
 // At exit: flush CUPTI's buffers, then print the tables described at the top of this file.
