@@ -5,7 +5,7 @@
 // One layer's cache as the engine lays it out: K and V each (slots, 8 KV heads, 128) bf16, slots in blocks of
 // 256 whose order the block table shuffles. The grid is v9's at one split: a block of 4 warps per (sequence,
 // KV head), warp w reading 16-key tiles w, w + 4, ... (4 KB of K and 4 KB of V each), 3 tiles a warp in shared
-// memory (96 KB a block, 2 blocks an SM). Eight ways to read it, each timed over 20 launches:
+// memory (96 KB a block, 2 blocks an SM). Ten ways to read it, each timed over 20 launches:
 //   cp.async          v9's copies: 16 bytes a lane and instruction into XOR-swizzled rows, one commit group a
 //                     tile, then one shared-memory word a lane read (the "use")
 //   bulk copy         the copy engine, one 256-byte row a lane (cp.async.bulk), counted on an mbarrier a stage
@@ -20,6 +20,10 @@
 //                     max, exponentials and 4 shuffles, 8 ldmatrix.trans and 8 mma for O^T += V^T P^T
 //   bulk + tensor     the bulk copies into rows padded to 272 bytes (so that ldmatrix meets no bank conflict),
 //                     plus the same arithmetic
+//   head-major        cp.async as the first way, from a cache whose blocks are laid out head by head (each block
+//                     of 256 slots (KV heads, 256, 128)): a head's 16-key tile is 4 KB in one piece, not 16 rows
+//                     of 256 bytes 2 KB apart
+//   head-major bulk   the same layout, each tile's K and V as two 4 KB bulk copies
 // Prints the copy bandwidth (cudaMemcpy, read + write) and each way's GB/s of K and V read.
 // Build and run on a GPU of compute capability 9.0 (tests/gpu_check.sh OUT probe does both):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/kv_stream_probe.cu -o build/kv_stream_probe
@@ -51,7 +55,8 @@ constexpr int kHeadDim = 128, kKvHeads = 8, kBlockSize = 256, kTileKeys = 16, kW
 constexpr int kKvDim = kKvHeads * kHeadDim;            // elements from one slot's row to the next
 constexpr int kRowBytes = kHeadDim * 2;                // one key's K (or V) of one head: 256 bytes
 constexpr int kPaddedRow = kRowBytes + 16;             // rows of the bulk + tensor way
-enum Way { kCpAsync, kBulk, kTmaBox, kLdGlobal, kFixedCosts, kPersistent, kTensorWork, kBulkTensorWork };
+enum Way { kCpAsync, kBulk, kTmaBox, kLdGlobal, kFixedCosts, kPersistent, kTensorWork, kBulkTensorWork, kHeadMajor,
+           kHeadMajorBulk };
 
 struct Cache {
   const bf16* k;
@@ -115,14 +120,23 @@ __device__ inline int64_t first_slot(const int* table, int t) {
   return int64_t(table[key / kBlockSize]) * kBlockSize + key % kBlockSize;
 }
 
+// Where (slot, head)'s 128 elements start: the engine's layout, (slots, KV heads, 128), or the head-major
+// one the last two ways try, each block of 256 slots as (KV heads, 256, 128), so that a head's tile of 16
+// keys is 4 KB in one piece.
+template <bool HEAD_MAJOR>
+__device__ inline int64_t row_start(int64_t slot, int head) {
+  return HEAD_MAJOR ? ((slot / kBlockSize) * kKvHeads + head) * kBlockSize * kHeadDim + (slot % kBlockSize) * kHeadDim
+                    : slot * kKvDim + head * kHeadDim;
+}
+
 // cp.async of one tile's K and V into a stage (v9's copies: 16 rows x 16 chunks each, 2 rows an instruction).
-template <bool PADDED>
+template <bool PADDED, bool HEAD_MAJOR = false>
 __device__ inline void copy_tile(const Cache& c, int64_t slot0, int head, uint32_t stage, uint32_t v_offset) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < kTileKeys / 2; i++) {
     const int row = 2 * i + lane / 16, chunk = lane % 16;
-    const int64_t at = (slot0 + row) * kKvDim + head * kHeadDim + chunk * 8;
+    const int64_t at = row_start<HEAD_MAJOR>(slot0 + row, head) + chunk * 8;
     cp_async_16(stage + tile_offset<PADDED>(row, chunk), c.k + at, true);
     cp_async_16(stage + v_offset + tile_offset<PADDED>(row, chunk), c.v + at, true);
   }
@@ -207,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
         for (int i = 0; i < 8; i++) used ^= k[i].x ^ k[i].w ^ v[i].y ^ v[i].z;
       }
     } else {
-      constexpr bool kEngine = WAY == kBulk || WAY == kTmaBox || WAY == kBulkTensorWork;
+      constexpr bool kEngine = WAY == kBulk || WAY == kTmaBox || WAY == kBulkTensorWork || WAY == kHeadMajorBulk;
       if (kEngine) {
         if (lane == 0)
           for (int s = 0; s < kStages; s++) mbarrier_init(barriers + 8 * s);
@@ -225,6 +239,12 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
             const bf16* src = (lane < 16 ? c.k : c.v) + (slot0 + row) * kKvDim + head * kHeadDim;
             bulk_copy_to_shared(stage + (lane < 16 ? 0 : kHalf) + row * (kPadded ? kPaddedRow : kRowBytes), src,
                                 kRowBytes, barrier);
+          } else if (WAY == kHeadMajorBulk) {  // the tile's K and V, 4 KB each in one piece: two copies
+            if (lane == 0) {
+              mbarrier_arrive_expecting(barrier, 2 * kTileKeys * kRowBytes);
+              bulk_copy_to_shared(stage, c.k + row_start<true>(slot0, head), kTileKeys * kRowBytes, barrier);
+              bulk_copy_to_shared(stage + kHalf, c.v + row_start<true>(slot0, head), kTileKeys * kRowBytes, barrier);
+            }
           } else if (WAY == kTmaBox) {
             if (lane == 0) {
               mbarrier_arrive_expecting(barrier, 2 * kTileKeys * kRowBytes);
@@ -237,7 +257,7 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
                     : "memory");
             }
           } else {
-            copy_tile<kPadded>(c, slot0, head, stage, kHalf);
+            copy_tile<kPadded, WAY == kHeadMajor>(c, slot0, head, stage, kHalf);
           }
         }
         if (!kEngine) cp_async_commit();
@@ -345,5 +365,7 @@ int main(int argc, char** argv) {
   run(probe_kernel<kPersistent>, "persistent", true, false);
   run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
   run(probe_kernel<kBulkTensorWork>, "bulk + tensor", false, true);
+  run(probe_kernel<kHeadMajor>, "head-major", false, false);
+  run(probe_kernel<kHeadMajorBulk>, "head-major bulk", false, false);
   return 0;
 }
