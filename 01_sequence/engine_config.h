@@ -33,6 +33,9 @@ struct EngineConfig {
   std::vector<int32_t> eos;          // end-of-sequence ids, from generation_config.json / config.json
   uint64_t seed = 0;                 // the engine's seed; requests without one derive theirs from it
   bool trace = false;                // print every scheduling decision to stderr
+  // Launch decode step n + 1 before step n's tokens reach the host where its batch allows (LLMEngine::step).
+  // Not with --trace (whose lines follow the plain loop) or several tensor-parallel ranks.
+  bool overlap_steps = true;
 
   // Throws Error naming the first invalid setting.
   void validate() const {

@@ -1,6 +1,7 @@
 // llm_engine.cpp: LLMEngine's constructor, add_request, step and generate (nano-vllm: engine/llm_engine.py).
 #include "01_sequence/llm_engine.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -40,7 +41,11 @@ std::string LLMEngine::describe() const {
 
 int LLMEngine::vocab_size() const { return model_runner_->model_config().vocab_size; }
 
-bool LLMEngine::is_finished() const { return scheduler_->is_finished(); }
+bool LLMEngine::is_finished() const { return scheduler_->is_finished() && !in_flight_; }
+
+bool LLMEngine::may_overlap() const {
+  return config_.overlap_steps && !config_.trace && config_.tensor_parallel_size == 1;
+}
 
 int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams& params) {
   const int64_t id = next_seq_id_;
@@ -64,27 +69,60 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   if (config_.trace)
     for (const auto& [id, seq] : sequences_) hits_before[id] = seq->num_prefix_hit_blocks;
   auto t0 = std::chrono::steady_clock::now();
-  auto [seqs, is_prefill] = scheduler_->schedule();
+  std::string trace;
+  if (!in_flight_) {  // the plain loop, or the first step after a prefill or a wait
+    auto [seqs, is_prefill] = scheduler_->schedule();
+    if (config_.trace) trace = trace_line(seqs, is_prefill, preemptions_before, hits_before);
+    model_runner_->launch(seqs, is_prefill);
+    in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{seqs, is_prefill});
+  }
+  const std::unique_ptr<LaunchedStep> current = std::move(in_flight_);
+  const std::vector<Sequence*>& seqs = current->seqs;
+  const bool is_prefill = current->is_prefill;
   int scheduled_tokens = 0;
   int64_t context_tokens = 0;
-  for (const Sequence* s : seqs) scheduled_tokens += s->num_scheduled_tokens, context_tokens += s->num_tokens();
-  std::string trace = config_.trace ? trace_line(seqs, is_prefill, preemptions_before, hits_before) : "";
+  for (const Sequence* s : seqs)
+    if (!s->is_finished()) scheduled_tokens += is_prefill ? s->num_scheduled_tokens : 1, context_tokens += s->num_tokens();
 
-  std::vector<int32_t> tokens = model_runner_->run(seqs, is_prefill, logits);
+  // The overlap: step n + 1 scheduled and launched now, before step n's tokens are read, when its batch
+  // needs none of them. Its input tokens are step n's, taken on the device from the row of each sequence.
+  std::vector<Sequence*> next;
+  if (!is_prefill && !logits && may_overlap()) next = scheduler_->schedule_ahead(seqs);
+  if (!next.empty()) {
+    // Both batches keep the running queue's order, so each sequence's row in step n is found by walking on.
+    std::vector<int32_t> input_rows;
+    size_t row = 0;
+    for (const Sequence* s : next) {
+      while (row < seqs.size() && seqs[row] != s) row++;
+      if (row == seqs.size()) fail("internal: a sequence scheduled ahead was not in the step before");
+      input_rows.push_back(int32_t(row));
+    }
+    model_runner_->launch(next, false, input_rows);
+    in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{next, false});
+    stats_.overlapped_steps++;
+  }
+
+  std::vector<int32_t> tokens = model_runner_->collect();
+  if (logits) model_runner_->download_logits(int(seqs.size()), logits);  // nothing launched since
   for (size_t i = 0; i < seqs.size(); i++)  // the sampler's -1: NaN or Inf in the logits
-    if (tokens[i] < 0)
+    if (tokens[i] < 0 && !seqs[i]->is_finished())
       fail("step ", stats_.steps + 1, ": non-finite logits (NaN or Inf) for request ", seqs[i]->seq_id,
            "; the checkpoint's weights may hold NaN or Inf");
-  scheduler_->postprocess(seqs, tokens, is_prefill);
+  std::vector<bool> was_finished;  // rows of sequences retired before this step ran: computed and dropped
+  for (const Sequence* s : seqs) was_finished.push_back(s->is_finished());
+  if (!next.empty()) scheduler_->finish_ahead(seqs, tokens);
+  else scheduler_->postprocess(seqs, tokens, is_prefill);
 
   // The step's tokens exist from here on: this one clock read times the step and stamps its requests.
   const auto t1 = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(t1 - t0).count();
-  stats_.steps++;
+  // A step whose every row was dropped (all its sequences stopped at EOS a step late) is not counted.
   if (is_prefill) {
-    stats_.prefill_steps++, stats_.prefill_tokens += scheduled_tokens, stats_.prefill_seconds += seconds;
-  } else {
-    stats_.decode_steps++, stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
+    stats_.steps++, stats_.prefill_steps++;
+    stats_.prefill_tokens += scheduled_tokens, stats_.prefill_seconds += seconds;
+  } else if (scheduled_tokens > 0) {
+    stats_.steps++, stats_.decode_steps++;
+    stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
     stats_.decode_context_tokens += context_tokens;
     stats_.decode_queue_seconds += model_runner_->last_run_times().queue_seconds;
     stats_.decode_wait_seconds += model_runner_->last_run_times().wait_seconds;
@@ -92,7 +130,10 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   if (!trace.empty()) log("%s", trace.c_str());
 
   std::vector<GenerateOutput> finished;
-  for (Sequence* s : seqs) {
+  std::vector<int64_t> retired_now;
+  for (size_t i = 0; i < seqs.size(); i++) {
+    Sequence* s = seqs[i];
+    if (was_finished[i]) continue;
     // The first completion token: after the prefill step (or last chunk) of the prompt. A preempted
     // sequence keeps its tokens and this time; its recompute makes no new first token.
     if (s->num_completion_tokens() > 0 && s->times.first_token == std::chrono::steady_clock::time_point())
@@ -108,9 +149,15 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     out.times = s->times;
     if (tokenizer_) out.text = tokenizer_->decode(out.token_ids, /*skip_unknown=*/true);  // ids past the tokenizer: ""
     finished.push_back(std::move(out));
-    sequences_.erase(s->seq_id);
+    // A request retired by EOS here is still in the step now in flight: it is erased after that one.
+    const bool in_next = std::find(next.begin(), next.end(), s) != next.end();
+    if (in_next) retired_now.push_back(s->seq_id);
+    else sequences_.erase(s->seq_id);
   }
-  return {std::move(finished), is_prefill ? scheduled_tokens : -int(seqs.size())};
+  // Requests retired a step ago whose row the step just read still held: nothing refers to them now.
+  for (int64_t id : retired_in_flight_) sequences_.erase(id);
+  retired_in_flight_ = std::move(retired_now);
+  return {std::move(finished), is_prefill ? scheduled_tokens : -scheduled_tokens};
 }
 
 std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before,

@@ -2,8 +2,14 @@
 // stop"). generate() queues every prompt and calls step() until all are done; each step is
 //
 //   auto [seqs, is_prefill] = scheduler.schedule()        which sequences, prefill or decode (02)
-//   tokens = model_runner.run(seqs, is_prefill)           one forward pass and a sample each (04)
+//   model_runner.launch(seqs, is_prefill)                 one forward pass and a sample each (04),
+//   tokens = model_runner.collect()                         queued, then its tokens read back
 //   scheduler.postprocess(seqs, tokens, is_prefill)       append tokens, retire finished sequences
+//
+// Beyond nano-vllm, decode steps overlap (EngineConfig::overlap_steps): while step n runs, step n + 1 is
+// scheduled and launched before step n's tokens reach the host, its input tokens read from the sampler's
+// output on the device, wherever its batch does not depend on those tokens (Scheduler::schedule_ahead).
+// The host's work between two steps then runs beside the device's; the outputs are the same.
 //
 // It sits in chapter 01 because a reader starts here, but it calls every other chapter: the Makefile
 // builds chapter 01 on top of all the others (deps_01).
@@ -41,6 +47,7 @@ struct EngineStats {
   int64_t steps = 0, prefill_steps = 0, decode_steps = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0;
   int64_t decode_context_tokens = 0;  // sum of context lengths over decode steps: the K/V tokens read
+  int64_t overlapped_steps = 0;       // decode steps launched before the step before's tokens were read
   double prefill_seconds = 0, decode_seconds = 0;
   // Of decode_seconds: the model runner queuing each step (inputs, uploads, launches) and waiting for
   // its tokens (ModelRunner::RunTimes). The rest is the scheduler and the bookkeeping of the step, host
@@ -57,7 +64,7 @@ class LLMEngine {
   // Queues a request; returns its seq_id. Throws Error for an empty prompt, a token id outside the
   // vocabulary, invalid sampling parameters, or a request that can never fit (see Scheduler::add).
   int64_t add_request(std::vector<int32_t> prompt_token_ids, const SamplingParams& params);
-  bool is_finished() const;
+  bool is_finished() const;  // no request left, and no step in flight
 
   // One engine step: the requests that finished in it, and nano-vllm's signed token count (tokens
   // computed if this was a prefill step, minus the number of sequences if a decode step):
@@ -91,6 +98,15 @@ class LLMEngine {
  private:
   std::string trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before,
                          const std::map<int64_t, int>& hits_before) const;
+  bool may_overlap() const;
+
+  // A step launched on the model runner whose tokens have not been read yet.
+  struct LaunchedStep {
+    std::vector<Sequence*> seqs;  // its batch, in row order (rows of retired sequences are dropped)
+    bool is_prefill = false;
+  };
+  std::unique_ptr<LaunchedStep> in_flight_;
+  std::vector<int64_t> retired_in_flight_;  // finished, but still in in_flight_'s batch: erased after it
 
   EngineConfig config_;
   std::unique_ptr<ModelRunner> model_runner_;

@@ -19,6 +19,10 @@ namespace nanovllm {
 
 enum class SequenceStatus { WAITING, RUNNING, FINISHED };
 
+// A token sampled on the device and not yet on the host (the overlapped loop, 02_scheduler's
+// schedule_ahead). Never a token id; the sampler's own "no token" is -1.
+constexpr int32_t kPendingToken = -2;
+
 // When a request arrived (LLMEngine::add_request), got its first completion token and finished, on the
 // steady clock: what a serving user waits for (bench reports time to first token and time per output
 // token from them, 01_sequence/cli/serving_metrics.h). LLMEngine::step sets the last two from the one
@@ -58,6 +62,12 @@ class Sequence {
 
   void append_token(int32_t token_id) {
     token_ids.push_back(token_id);
+    last_token = token_id;
+  }
+  // The overlapped loop (02_scheduler, schedule_ahead) appends kPendingToken for a token still on the
+  // device, and gives it its value here once it is on the host.
+  void set_last_token(int32_t token_id) {
+    token_ids.back() = token_id;
     last_token = token_id;
   }
   std::vector<int32_t> completion_token_ids() const {

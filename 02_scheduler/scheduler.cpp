@@ -103,24 +103,67 @@ bool Scheduler::is_eos(int32_t token_id) const {
   return std::find(eos_.begin(), eos_.end(), token_id) != eos_.end();
 }
 
+void Scheduler::mark_computed(Sequence* seq) {
+  block_manager_.hash_blocks(*seq);
+  seq->num_cached_tokens += seq->num_scheduled_tokens;
+  seq->num_scheduled_tokens = 0;
+}
+
+void Scheduler::take_token(Sequence* seq, int32_t token_id) {
+  if (seq->last_token == kPendingToken) seq->set_last_token(token_id);  // scheduled ahead: the placeholder's token
+  else seq->append_token(token_id);
+  bool finished = (!seq->params.ignore_eos && is_eos(token_id)) ||
+                  seq->num_completion_tokens() == seq->params.max_tokens;
+  if (finished) {
+    seq->status = SequenceStatus::FINISHED;
+    block_manager_.deallocate(*seq);
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+  }
+}
+
 void Scheduler::postprocess(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& token_ids,
                             bool is_prefill) {
   assert(seqs.size() == token_ids.size());
   for (size_t i = 0; i < seqs.size(); i++) {
     Sequence* seq = seqs[i];
-    block_manager_.hash_blocks(*seq);
-    seq->num_cached_tokens += seq->num_scheduled_tokens;
-    seq->num_scheduled_tokens = 0;
+    if (seq->is_finished()) continue;  // retired after an overlapped step had taken it: its row is dropped
+    mark_computed(seq);
     if (is_prefill && seq->num_cached_tokens < seq->num_tokens()) continue;  // a chunk: no token yet
-    seq->append_token(token_ids[i]);
-    bool finished = (!seq->params.ignore_eos && is_eos(token_ids[i])) ||
-                    seq->num_completion_tokens() == seq->params.max_tokens;
-    if (finished) {
-      seq->status = SequenceStatus::FINISHED;
-      block_manager_.deallocate(*seq);
-      running_.erase(std::find(running_.begin(), running_.end(), seq));
-    }
+    take_token(seq, token_ids[i]);
   }
+}
+
+std::vector<Sequence*> Scheduler::schedule_ahead(const std::vector<Sequence*>& launched) {
+  if (!waiting_.empty() || int(running_.size()) > max_num_seqs_) return {};
+  // Every running sequence ran in step n (so its token of step n exists, in the sampler's output): an
+  // overlapped step's batch is the running queue, and retiring only removes from it.
+  size_t found = 0;
+  for (const Sequence* seq : launched) found += !seq->is_finished();
+  if (found != running_.size()) return {};
+  auto goes_on = [](const Sequence* seq) { return seq->num_completion_tokens() + 1 < seq->params.max_tokens; };
+  int blocks_needed = 0, going_on = 0;  // as can_append, for every sequence at once, after its placeholder
+  for (const Sequence* seq : running_) {
+    going_on += goes_on(seq);
+    blocks_needed += goes_on(seq) && (seq->num_tokens() + 1) % block_size_ == 1;
+  }
+  if (going_on == 0 || blocks_needed > block_manager_.num_free_blocks()) return {};
+
+  std::vector<Sequence*> next;
+  for (Sequence* seq : running_) {
+    mark_computed(seq);
+    if (!goes_on(seq)) continue;  // its token of step n is its last: finish_ahead appends it and retires it
+    seq->append_token(kPendingToken);
+    seq->num_scheduled_tokens = 1;
+    block_manager_.may_append(*seq);
+    next.push_back(seq);
+  }
+  return next;
+}
+
+void Scheduler::finish_ahead(const std::vector<Sequence*>& launched, const std::vector<int32_t>& token_ids) {
+  assert(launched.size() == token_ids.size());
+  for (size_t i = 0; i < launched.size(); i++)
+    if (!launched[i]->is_finished()) take_token(launched[i], token_ids[i]);
 }
 
 }  // namespace nanovllm

@@ -44,7 +44,24 @@ class Scheduler {
   // After the model ran: hashes newly full blocks, advances num_cached_tokens, appends each sampled
   // token (none for a prefill chunk that has not reached the end of its prompt: that sample is
   // discarded), and retires sequences that hit EOS or max_tokens, releasing their blocks.
+  // A sequence retired earlier, whose row an overlapped step still computed (below), is passed over.
   void postprocess(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& token_ids, bool is_prefill);
+
+  // Beyond nano-vllm, the overlapped loop (LLMEngine::step, EngineConfig::overlap_steps): decode step n + 1
+  // scheduled while step n runs, before its tokens reach the host.
+  //
+  // schedule_ahead(launched), where `launched` is decode step n: when step n + 1 needs none of step n's
+  // tokens to be chosen (nothing waits for a prefill, and every sequence that goes on finds a free block if
+  // it needs one, so nobody is preempted), does step n's postprocess up to its tokens (hashes, cached
+  // counts), gives every sequence that goes on kPendingToken as its token of step n and the block it needs,
+  // and returns step n + 1's decode batch: the running queue in order, less the sequences whose token of
+  // step n is their max_tokens-th. Otherwise it changes nothing and returns an empty batch: the caller
+  // waits for the tokens and calls postprocess as usual.
+  std::vector<Sequence*> schedule_ahead(const std::vector<Sequence*>& launched);
+  // The rest of step n's postprocess, once its tokens are on the host: each kPendingToken replaced by its
+  // token (appended, for a sequence that did not go on), and the sequences that hit EOS or max_tokens
+  // retired. A sequence retired by EOS here is still in step n + 1, whose row for it is computed and dropped.
+  void finish_ahead(const std::vector<Sequence*>& launched, const std::vector<int32_t>& token_ids);
 
   const BlockManager& block_manager() const { return block_manager_; }
   const std::deque<Sequence*>& waiting() const { return waiting_; }
@@ -57,6 +74,10 @@ class Scheduler {
  private:
   void preempt(Sequence* seq);
   bool is_eos(int32_t token_id) const;
+  // postprocess in its two halves: what the step computed (newly full blocks hashed, num_cached_tokens
+  // advanced), then its token (appended; the sequence retired if that was its last).
+  void mark_computed(Sequence* seq);
+  void take_token(Sequence* seq, int32_t token_id);
 
   int max_num_seqs_;
   int max_num_batched_tokens_;

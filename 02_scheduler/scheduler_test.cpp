@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <numeric>
 #include <tuple>
@@ -29,9 +30,15 @@ class FakeModel {
     return int32_t(h % kVocab);
   }
 
-  std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill) {
+  // `sampled`: for a step scheduled ahead (Scheduler::schedule_ahead), the token each sequence's
+  // kPendingToken stands for, as the device would read it from the step before's output.
+  std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill,
+                           const std::map<const Sequence*, int32_t>& sampled = {}) {
     std::vector<int32_t> out;
-    for (Sequence* seq : seqs) {
+    for (Sequence* s : seqs) {
+      Sequence resolved = *s;  // what the device sees: the pending token known
+      Sequence* seq = &resolved;
+      if (seq->last_token == kPendingToken) seq->set_last_token(sampled.at(s));
       int start = seq->num_cached_tokens, end = start + seq->num_scheduled_tokens;
       EXPECT_GT(seq->num_scheduled_tokens, 0);
       if (!is_prefill) {
@@ -77,8 +84,10 @@ EngineConfig small_config(int num_blocks, int block_size = 16, int budget = 1638
 }
 
 // Drives requests to completion as LLMEngine::generate does, checking per-step invariants.
+// overlap: drive decode steps as LLMEngine's overlapped loop does: step n + 1 scheduled ahead before step n's
+// tokens are "read" (postprocessed), where schedule_ahead allows it.
 RunResult run_all(const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
-            const std::vector<SamplingParams>& params) {
+            const std::vector<SamplingParams>& params, bool overlap = false, int64_t* overlapped = nullptr) {
   Scheduler scheduler(config);
   FakeModel model(config.num_kvcache_blocks, config.kvcache_block_size);
   std::vector<std::unique_ptr<Sequence>> seqs;
@@ -87,6 +96,35 @@ RunResult run_all(const EngineConfig& config, const std::vector<std::vector<int3
     scheduler.add(seqs.back().get());
   }
   RunResult run;
+  if (overlap) {
+    // A launched step: its batch and its tokens (the fake model runs at launch, as the device would).
+    std::vector<Sequence*> batch;
+    std::vector<int32_t> out;
+    bool is_prefill = false;
+    while (!scheduler.is_finished() || !batch.empty()) {
+      if (batch.empty()) {
+        std::tie(batch, is_prefill) = scheduler.schedule();
+        out = model.run(batch, is_prefill);
+      }
+      std::vector<Sequence*> next = is_prefill ? std::vector<Sequence*>{} : scheduler.schedule_ahead(batch);
+      if (next.empty()) {
+        scheduler.postprocess(batch, out, is_prefill);
+        batch.clear();
+      } else {
+        std::map<const Sequence*, int32_t> sampled;
+        for (size_t i = 0; i < batch.size(); i++) sampled[batch[i]] = out[i];
+        for (const Sequence* s : next) EXPECT_EQ(s->last_token, kPendingToken);
+        std::vector<int32_t> next_out = model.run(next, false, sampled);
+        scheduler.finish_ahead(batch, out);
+        batch = next, out = next_out, is_prefill = false;
+        if (overlapped) ++*overlapped;
+      }
+      if (++run.steps > 1000000) {
+        ADD_FAILURE() << "no progress";
+        break;
+      }
+    }
+  }
   while (!scheduler.is_finished()) {
     auto [batch, is_prefill] = scheduler.schedule();
     EXPECT_FALSE(batch.empty());
@@ -377,6 +415,73 @@ TEST(Ch02_Scheduler, ChunkingAndPreemptionTogetherKeepCountersRight) {
   EXPECT_GT(r.preemptions, 0);
   EXPECT_GT(r.chunked, 0);
   EXPECT_GT(r.hit_blocks, 0);
+}
+
+TEST(Ch02_Scheduler, StepsScheduledAheadGiveTheSameOutputs) {
+  // The overlapped loop (schedule_ahead, finish_ahead) against the model alone, with the fake cache checking
+  // every slot: requests of random lengths, half of them stopping at EOS (a step late for the overlapped loop,
+  // whose next step has already been given them), in pools small enough to preempt, where it must fall back.
+  std::mt19937 rng(777);
+  struct Shape { int blocks, block_size, budget, max_seqs; };
+  const Shape shapes[] = {{40, 16, 64, 8}, {60, 32, 100, 16}, {400, 16, 1000, 64}};
+  int64_t overlapped = 0, preemptions = 0, eos_stops = 0;
+  for (const Shape& shape : shapes) {
+    EngineConfig c = small_config(shape.blocks, shape.block_size, shape.budget, shape.max_seqs);
+    c.eos.clear();
+    for (int32_t id = 40; id < 80; id++) c.eos.push_back(id);  // 4% of the fake model's tokens
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> ps;
+    for (int i = 0; i < 300; i++) {
+      std::vector<int32_t> p;
+      int extra = 1 + int(rng() % (4 * shape.block_size));
+      for (int k = 0; k < extra; k++) p.push_back(10 + int32_t(rng() % 900));
+      int max_tokens = 1 + int(rng() % 60);
+      while (ceil_div(int(p.size()) + max_tokens - 1, shape.block_size) > shape.blocks) p.pop_back();
+      prompts.push_back(p);
+      ps.push_back(params(max_tokens, /*ignore_eos=*/i % 2 == 0));
+    }
+    RunResult r = run_all(c, prompts, ps, /*overlap=*/true, &overlapped);
+    for (size_t i = 0; i < prompts.size(); i++) {
+      std::vector<int32_t> t = prompts[i], want;  // the model alone, stopping at any of the EOS ids
+      while (int(want.size()) < ps[i].max_tokens) {
+        want.push_back(FakeModel::next_token(t, t.size()));
+        t.push_back(want.back());
+        if (!ps[i].ignore_eos && want.back() >= 40 && want.back() < 80) break;
+      }
+      ASSERT_EQ(r.outputs[i], want) << "request " << i;
+      eos_stops += int(want.size()) < ps[i].max_tokens;
+    }
+    preemptions += r.preemptions;
+  }
+  EXPECT_GT(overlapped, 100) << "schedule_ahead hardly ever scheduled";
+  EXPECT_GT(preemptions, 10);
+  EXPECT_GT(eos_stops, 0) << "no request stopped at EOS";
+}
+
+TEST(Ch02_Scheduler, ScheduleAheadWaitsForWhatItCannotKnow) {
+  // Nothing is scheduled ahead while a request waits for its prefill (prefill goes first, and whether it
+  // fits depends on blocks that step n's finished requests free), or when a block for the next token is
+  // missing (a preemption would depend on who finished); the state is left as it was.
+  EngineConfig c = small_config(/*num_blocks=*/3, /*block_size=*/16);
+  Scheduler scheduler(c);
+  Sequence a(0, tokens(16, 0), params(10), 0, 16), b(1, tokens(15, 100), params(10), 0, 16);
+  scheduler.add(&a);
+  scheduler.add(&b);
+  auto [prefill, is_prefill] = scheduler.schedule();
+  ASSERT_TRUE(is_prefill);
+  ASSERT_EQ(prefill.size(), 2u);  // a: 1 block, b: 1 block; 1 free
+  scheduler.postprocess(prefill, {11, 12}, true);
+  auto [decode, is_prefill2] = scheduler.schedule();  // a's 17th token needs a block: the last free one
+  ASSERT_FALSE(is_prefill2);
+  ASSERT_EQ(scheduler.block_manager().num_free_blocks(), 0);
+  // b's token of this step is its 17th: it needs a block for the step after, and none is free.
+  EXPECT_TRUE(scheduler.schedule_ahead(decode).empty());
+  EXPECT_EQ(a.num_scheduled_tokens, 1);  // untouched
+  EXPECT_EQ(b.num_tokens(), 16);
+  scheduler.postprocess(decode, {21, 22}, false);
+  Sequence c3(2, tokens(5, 300), params(3), 0, 16);
+  scheduler.add(&c3);
+  EXPECT_TRUE(scheduler.schedule_ahead(decode).empty()) << "a request waits";
 }
 
 TEST(Ch02_Scheduler, RandomizedSoak) {

@@ -68,6 +68,12 @@ class Backend {
   // returns, which waits for the last such copy. On the CPU: upload, and nothing to wait for.
   virtual void upload_async(const Tensor& dst, const void* host) { upload(dst, host); }
   virtual void wait_for_upload_async() {}
+  // The download, queued (the overlapped loop, LLMEngine::step): on the GPU into pinned memory (Buffer),
+  // after the work queued before it, and the call returns at once; `host` holds the bytes once
+  // wait_for_download_async(slot) returns. Two slots, 0 and 1: one step's tokens on their way while the
+  // step before's are read. On the CPU: download.
+  virtual void download_async(void* host, const Tensor& src, int /*slot*/) { download(host, src); }
+  virtual void wait_for_download_async(int /*slot*/) {}
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
   // Device memory: free and total bytes (the CPU reports 0, 0).
@@ -175,6 +181,10 @@ class Backend {
   }
   // out (m, cols) = rows of x picked by rows (m,) i32.
   virtual void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) = 0;
+  // ids (m,) i32: ids[i] = tokens[rows[i]] where rows[i] >= 0, left as uploaded where rows[i] = -1. A decode
+  // step scheduled before the last step's tokens reached the host reads them this way, from the sampler's
+  // output on the device (ModelRunner::execute).
+  virtual void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) = 0;
   // tokens (m,) i32 from logits (m, vocab) F32 and settings (m,) SamplingRow (stored as U8 bytes).
   virtual void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) = 0;
 

@@ -77,6 +77,9 @@ class CpuBackend final : public Backend {
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cpu(f32(out), f32(x), i32(rows), int(rows.numel()), int(x.row_size()));
   }
+  void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) override {
+    take_sampled_tokens_cpu(i32(ids), i32(tokens), i32(rows), int(rows.numel()));
+  }
   void all_reduce(const Tensor& x) override {
     if (group_.size > 1) group_.cpu->all_reduce(group_.rank, f32(x), x.numel());
   }

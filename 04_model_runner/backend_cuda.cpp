@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaSetDevice(device_id));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : download_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
     cublasSetStream(cublas_, stream_);
     // A workspace of our own: cuBLAS must not allocate while a CUDA graph is being captured. 32 MiB, as
@@ -51,6 +52,7 @@ class CudaBackend final : public Backend {
     linear_.reset();  // before the handle, the workspace and the stream it uses
     cublasDestroy(cublas_);
     cudaEventDestroy(upload_done_);
+    for (cudaEvent_t e : download_done_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
 
@@ -67,6 +69,11 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaEventRecord(upload_done_, stream_));  // when the DMA has read `host`
   }
   void wait_for_upload_async() override { CUDA_CHECK(cudaEventSynchronize(upload_done_)); }
+  void download_async(void* host, const Tensor& src, int slot) override {
+    CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaEventRecord(download_done_[slot], stream_));
+  }
+  void wait_for_download_async(int slot) override { CUDA_CHECK(cudaEventSynchronize(download_done_[slot])); }
   void download(void* host, const Tensor& src) override {
     CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -190,6 +197,9 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override {
     gather_rows_cuda(b16(out), b16(x), i32(rows), int(rows.numel()), int(x.row_size()), stream_);
   }
+  void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) override {
+    take_sampled_tokens_cuda(i32(ids), i32(tokens), i32(rows), int(rows.numel()), stream_);
+  }
   // The collectives read the peers' copies of a tensor directly: every rank's workspace has the same
   // layout, so a peer's copy is at the same offset in that peer's workspace.
   std::vector<char*> peer_copies(const Tensor& x) const {
@@ -234,6 +244,7 @@ class CudaBackend final : public Backend {
   int device_id_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;  // recorded after each upload_async
+  cudaEvent_t download_done_[2] = {};  // recorded after each download_async, by slot
   int attention_version_;  // 05_attention/attention.h; kAttentionVersionDefault: each phase's fastest kernel
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;

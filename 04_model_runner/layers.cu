@@ -161,6 +161,13 @@ __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int i
   store_bf16x8(out + row * inter + 8 * c, g);
 }
 
+// take_sampled_tokens_cpu's loop, a thread a row. The first kernel of a decode step's graph: it runs after
+// the step before has ended (stream order), and the embedding after it waits for it (launched overlapped).
+__global__ void take_sampled_tokens_kernel(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < m && rows[i] >= 0) ids[i] = tokens[rows[i]];
+}
+
 __global__ void gather_rows_kernel(bf16* out, const bf16* x, const int32_t* rows, int cols) {
   const bf16* src = x + int64_t(rows[blockIdx.x]) * cols;
   bf16* dst = out + int64_t(blockIdx.x) * cols;
@@ -250,6 +257,12 @@ void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStr
   const int64_t chunks = int64_t(n) * inter / 8;
   if (chunks == 0) return;
   launch_overlapped(silu_and_mul_kernel, unsigned((chunks + 255) / 256), 256, 0, stream, out, gate_up, n, inter);
+  CUDA_CHECK_LAUNCH();
+}
+
+void take_sampled_tokens_cuda(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m, cudaStream_t stream) {
+  if (m == 0) return;
+  take_sampled_tokens_kernel<<<(m + 255) / 256, 256, 0, stream>>>(ids, tokens, rows, m);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -50,6 +50,10 @@ void silu_and_mul_cpu(float* out, const float* gate_up, int n, int inter);
 // out (m, cols) = rows `rows[0..m)` of x: the last token of each prefilled sequence, for the LM head.
 void gather_rows_cpu(float* out, const float* x, const int32_t* rows, int m, int cols);
 
+// ids (m,): ids[i] = tokens[rows[i]] where rows[i] >= 0 (a token sampled by the step before, still only on
+// the device when this step was queued), unchanged where rows[i] = -1.
+void take_sampled_tokens_cpu(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m);
+
 }  // namespace nanovllm
 
 // ---------------------------------------------------------------------------------------------------
@@ -80,6 +84,7 @@ void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, 
                              int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
 void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream);
 void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream);
+void take_sampled_tokens_cuda(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m, cudaStream_t stream);
 
 }  // namespace nanovllm
 #endif

@@ -98,4 +98,9 @@ void gather_rows_cpu(float* out, const float* x, const int32_t* rows, int m, int
   for (int i = 0; i < m; i++) std::memcpy(out + int64_t(i) * cols, x + int64_t(rows[i]) * cols, sizeof(float) * cols);
 }
 
+void take_sampled_tokens_cpu(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m) {
+  for (int i = 0; i < m; i++)
+    if (rows[i] >= 0) ids[i] = tokens[rows[i]];
+}
+
 }  // namespace nanovllm

@@ -107,6 +107,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
 #endif
   });
   rank_steps_.assign(size_t(tp_size), 0);
+  token_staging_ = Buffer(Device::CPU, 2 * size_t(max_seqs_) * sizeof(int32_t), device() == Device::CUDA);
 
   if (ranks_[0]->backend->supports_graphs() && !enforce_eager_) {
     // Every rank captures its own graphs on its own thread and stream, one batch size at a time, in
@@ -226,6 +227,7 @@ ModelRunner::StepTensors ModelRunner::carve_step_tensors(Arena& a) const {
   t.last_token_rows = a.take(DType::I32, {B});
   t.block_tables = a.take(DType::I32, {B, W});
   t.sampling = a.take(DType::U8, {B, int64_t(sizeof(SamplingRow))});
+  t.input_rows = a.take(DType::I32, {B});
   return t;
 }
 
@@ -296,6 +298,7 @@ StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const
     in.positions.push_back(pos);
     in.slot_mapping.push_back(seq->block_table[pos / block_size_] * block_size_ + pos % block_size_);
     in.context_lens.push_back(seq->num_tokens());
+    in.input_rows.push_back(-1);  // launch() gives the rows of tokens still on the device
     in.max_seqlen_k = std::max(in.max_seqlen_k, seq->num_tokens());
   }
   fill_block_tables(in, seqs);
@@ -323,11 +326,11 @@ ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context
   if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
   // Fill the host mirror, then copy it to the device in one transfer. The copy is asynchronous (on the
   // GPU a DMA from pinned memory that runs after upload returns), so the last one may still be reading
-  // the mirror: wait for it before writing. In a step this wait returns at once, because the previous
-  // run() ended only after its tokens were downloaded (which synchronises rank 0's stream, and the copy
-  // was queued on it before the forward pass) and after every other rank synchronised its stream. It
-  // matters where uploads follow each other with no synchronisation between them: the constructor's
-  // warm-up of every batch size before the ranks are joined.
+  // the mirror: wait for it before writing. In a step this wait returns at once or nearly: the copy was
+  // queued before the last step's forward pass, and either that step's tokens have been collected (the
+  // plain loop), or the device is running that step (the overlapped loop: its step before was collected),
+  // or it was launched just now on an idle device. It matters where uploads follow each other with no
+  // synchronisation between them: the constructor's warm-up of every batch size before the ranks are joined.
   r.backend->wait_for_upload_async();
   stage(r.staged.input_ids, in.input_ids);
   stage(r.staged.positions, in.positions);
@@ -338,6 +341,7 @@ ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context
   stage(r.staged.cu_seqlens_k, in.cu_seqlens_k);
   stage(r.staged.last_token_rows, in.last_token_rows);
   stage(r.staged.context_lens, in.context_lens);
+  stage(r.staged.input_rows, in.input_rows);
   // The mirror's bytes, not the device buffer's: the device layout is the mirror's followed by the
   // sampled tokens, which have no host twin (copying the device size read past the mirror's end).
   r.backend->upload_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
@@ -383,6 +387,7 @@ void ModelRunner::pad_decode(StepInputs& in, int batch_size) const {
   in.context_lens.resize(bs, 0);
   in.block_tables.resize(bs * block_table_width_, -1);
   in.sampling.resize(bs, SamplingRow{0.0f, 0, 1.0f, 0, 0});
+  in.input_rows.resize(bs, -1);
 }
 
 std::vector<int> ModelRunner::prefill_warm_up_sizes() const {
@@ -439,6 +444,10 @@ void ModelRunner::capture_cuda_graph(Rank& r, int bs) {
 }
 
 void ModelRunner::execute(Rank& r, const ForwardInputs& f, int num_seqs) {
+  // A decode step's input tokens that were still on the device when it was queued (input_rows; in a CUDA
+  // graph this kernel runs at every replay, a no-op where every row is -1).
+  if (!f.attention.is_prefill)
+    r.backend->take_sampled_tokens(f.input_ids, r.tokens, r.step.input_rows.slice_rows(0, f.input_ids.numel()));
   r.model->forward_hidden(*r.backend, f, r.workspace, r.k_caches, r.v_caches);
   r.model->compute_logits(*r.backend, f, r.workspace, num_seqs);
   if (r.rank == 0)  // rank 0 samples from the gathered logits (nano-vllm: the sampler runs on rank 0)
@@ -447,13 +456,36 @@ void ModelRunner::execute(Rank& r, const ForwardInputs& f, int num_seqs) {
 }
 
 std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits) {
+  launch(seqs, is_prefill);
+  std::vector<int32_t> tokens = collect();
+  if (logits) download_logits(int(seqs.size()), logits);
+  return tokens;
+}
+
+void ModelRunner::download_logits(int num_seqs, std::vector<float>* logits) {
+  if (!in_flight_.empty()) fail("internal: logits asked for while a later step is in flight");
+  Rank& r0 = *ranks_[0];
+  const Tensor step_logits = r0.workspace.logits.slice_rows(0, num_seqs);
+  logits->resize(size_t(step_logits.numel()));
+  r0.backend->download(logits->data(), step_logits);
+}
+
+void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, const std::vector<int32_t>& input_rows) {
   const auto t_start = std::chrono::steady_clock::now();
+  if (in_flight_.size() >= 2) fail("internal: a third step launched before the first was collected");
   StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
   const int B = in.num_seqs();
+  if (!input_rows.empty()) {
+    if (is_prefill || input_rows.size() != size_t(B) || ranks_.size() > 1)
+      fail("internal: input rows for a prefill, a batch of another size, or several ranks");
+    in.input_rows = input_rows;
+  }
   // Decode replays the CUDA graph of the smallest captured batch that holds B sequences, padded.
   const std::pair<int, int>* graph = is_prefill || enforce_eager_ ? nullptr : graph_for(*ranks_[0], B);
   StepInputs padded = in;
   if (graph) pad_decode(padded, graph->first);
+  // The slot for this step's tokens: the one the step in flight (if any) is not using.
+  const int slot = in_flight_.empty() ? 0 : 1 - in_flight_.back().slot;
   // Every rank runs the same step on its own thread (nano-vllm: rank 0 calls "run" on every worker).
   threads_->run([&](int rank) {
     Rank& r = *ranks_[size_t(rank)];
@@ -464,22 +496,24 @@ std::vector<int32_t> ModelRunner::run(const std::vector<Sequence*>& seqs, bool i
     } else {
       execute(r, upload(r, in, in.max_seqlen_k), B);
     }
+    if (rank == 0)  // queued after the step: the tokens land in the slot when the step is done
+      r.backend->download_async(static_cast<int32_t*>(token_staging_.data()) + size_t(slot) * max_seqs_, r.tokens.slice_rows(0, B), slot);
     if (rank != 0) r.backend->synchronize();  // the step's collectives finish before the job does
     rank_steps_[size_t(rank)]++;
   });
+  in_flight_.push_back({B, slot});
+  last_run_times_.queue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+}
 
-  const auto t_queued = std::chrono::steady_clock::now();
-  Rank& r0 = *ranks_[0];
-  std::vector<int32_t> tokens(static_cast<size_t>(B));
-  r0.backend->download(tokens.data(), r0.tokens.slice_rows(0, B));
-  if (logits) {
-    const Tensor step_logits = r0.workspace.logits.slice_rows(0, B);
-    logits->resize(size_t(step_logits.numel()));
-    r0.backend->download(logits->data(), step_logits);
-  }
-  const auto t_done = std::chrono::steady_clock::now();
-  last_run_times_.queue_seconds = std::chrono::duration<double>(t_queued - t_start).count();
-  last_run_times_.wait_seconds = std::chrono::duration<double>(t_done - t_queued).count();
+std::vector<int32_t> ModelRunner::collect() {
+  if (in_flight_.empty()) fail("internal: collect() with no step in flight");
+  const auto t_start = std::chrono::steady_clock::now();
+  const InFlight step = in_flight_.front();
+  in_flight_.pop_front();
+  ranks_[0]->backend->wait_for_download_async(step.slot);
+  const int32_t* slot = static_cast<int32_t*>(token_staging_.data()) + size_t(step.slot) * max_seqs_;
+  std::vector<int32_t> tokens(slot, slot + step.num_seqs);
+  last_run_times_.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return tokens;
 }
 

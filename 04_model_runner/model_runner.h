@@ -12,6 +12,7 @@
 // cumulative query/key lengths (prefill) or context lengths (decode) and the block tables.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -35,6 +36,8 @@ struct StepInputs {
   std::vector<int32_t> context_lens;     // (B,) decode
   std::vector<int32_t> block_tables;     // (B, W) row-major, -1 padded
   std::vector<int32_t> last_token_rows;  // (B,) prefill: row of each sequence's last token
+  std::vector<int32_t> input_rows;       // (T,) decode: the row of the step before's sampled tokens that is
+                                         // this row's input token, or -1: input_ids has it (Backend::take_sampled_tokens)
   std::vector<SamplingRow> sampling;     // (B,)
   int max_seqlen_q = 0, max_seqlen_k = 0;
   int num_seqs() const { return int(sampling.size()); }
@@ -54,6 +57,16 @@ class ModelRunner {
   // a NaN or an infinity). If `logits` is given it receives
   // the (B, vocab) logits the tokens were sampled from.
   std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits = nullptr);
+  // run() in its two halves, for the overlapped loop (LLMEngine::step): launch prepares and queues a step
+  // and the copy of its tokens to the host (on a GPU it returns while the device works); collect waits for
+  // the tokens of the oldest step launched and not collected. At most two steps are in flight. For a decode
+  // step launched before the tokens of the step before reached the host, input_rows (B,) gives, for each
+  // sequence, the row of that step's batch whose sampled token is its input (its last token on the host is
+  // kPendingToken); one rank only (the other ranks have no sampled tokens).
+  void launch(const std::vector<Sequence*>& seqs, bool is_prefill, const std::vector<int32_t>& input_rows = {});
+  std::vector<int32_t> collect();
+  // The (num_seqs, vocab) logits of the last step collected, when no step has been launched since.
+  void download_logits(int num_seqs, std::vector<float>* logits);
   // Where the last run() spent its time on the host: preparing the step's inputs and queuing the work
   // (uploads, the graph or the kernels; on a GPU the device starts meanwhile), then waiting for the
   // sampled tokens (on a GPU, mostly the device finishing; on the CPU, nothing: the work ran in the first).
@@ -96,6 +109,7 @@ class ModelRunner {
     Tensor context_lens, last_token_rows;       // (B,) i32
     Tensor block_tables;                        // (B, W) i32
     Tensor sampling;                            // (B, sizeof(SamplingRow)) U8
+    Tensor input_rows;                          // (T,) i32
   };
 
   // One tensor-parallel rank (nano-vllm: one ModelRunner process per GPU): its device, its shard of the
@@ -155,6 +169,13 @@ class ModelRunner {
   std::unique_ptr<RankThreads> threads_;  // one thread per rank; rank 0 is the caller's
   std::vector<int64_t> rank_steps_;
   RunTimes last_run_times_;
+  // Launched steps whose tokens are not collected yet, oldest first: their batch size and the slot of
+  // token_staging_ their tokens are copied to.
+  struct InFlight {
+    int num_seqs, slot;
+  };
+  std::deque<InFlight> in_flight_;
+  Buffer token_staging_;  // (2, max_seqs) i32 on the host (pinned on a GPU): rank 0's sampled tokens, by slot
 };
 
 }  // namespace nanovllm

@@ -156,6 +156,9 @@ void ProfiledBackend::silu_linear_add(const Tensor& residual, const Tensor& gate
 void ProfiledBackend::gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) {
   timed("gather_rows", [&] { inner_->gather_rows(out, x, rows); });
 }
+void ProfiledBackend::take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) {
+  timed("take_sampled_tokens", [&] { inner_->take_sampled_tokens(ids, tokens, rows); });
+}
 void ProfiledBackend::sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) {
   timed("sample", [&] { inner_->sample(tokens, logits, rows); });
 }

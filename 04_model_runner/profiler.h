@@ -45,6 +45,8 @@ class ProfiledBackend final : public Backend {
   void download(void* host, const Tensor& src) override { inner_->download(host, src); }
   void upload_async(const Tensor& dst, const void* host) override { inner_->upload_async(dst, host); }
   void wait_for_upload_async() override { inner_->wait_for_upload_async(); }
+  void download_async(void* host, const Tensor& src, int slot) override { inner_->download_async(host, src, slot); }
+  void wait_for_download_async(int slot) override { inner_->wait_for_download_async(slot); }
   void synchronize() override { inner_->synchronize(); }
   void memory_info(size_t* free_bytes, size_t* total_bytes) const override { inner_->memory_info(free_bytes, total_bytes); }
   bool supports_graphs() const override { return inner_->supports_graphs(); }
@@ -86,6 +88,7 @@ class ProfiledBackend final : public Backend {
   void linear_add(const Tensor& residual, const Tensor& x, const Tensor& weight) override;
   void silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) override;
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override;
+  void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) override;
   void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override;
   void all_reduce(const Tensor& x) override;
   void gather(const Tensor& shard, const Tensor& out) override;

@@ -159,6 +159,18 @@ TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   EXPECT_GE(queuing, 0.0);
   EXPECT_GE(waiting, 0.0);
   EXPECT_NEAR(bookkeeping + queuing + waiting, decode, 0.01) << r.out;
+  // The overlapped loop launched most decode steps ahead; --no-overlap none.
+  long long ahead = -1, steps = -1;
+  const size_t overlap = r.out.find("decode steps launched before");
+  ASSERT_NE(overlap, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + overlap, "decode steps launched before the tokens of the step ahead were read: %lld of %lld",
+                        &ahead, &steps), 2) << r.out;
+  EXPECT_GT(ahead, steps / 2) << r.out;
+  EXPECT_LT(ahead, steps) << r.out;  // the first decode step follows a prefill
+  auto plain = run_nanovllm("bench --random tiny --device cpu --num-seqs 4 --max-input-len 200 --max-output-len 120 --no-overlap");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_NE(plain.out.find("Total: 437tok"), std::string::npos) << plain.out;
+  EXPECT_NE(plain.out.find("were read: 0 of"), std::string::npos) << plain.out;
 }
 
 TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {

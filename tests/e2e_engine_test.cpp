@@ -206,6 +206,56 @@ TEST(E2E_Engine, EosStopsGenerationUnlessIgnored) {
   EXPECT_EQ(stopped, std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));  // EOS kept
 }
 
+TEST(E2E_Engine, OverlappedStepsChangeNoOutput) {
+  // The plain loop (overlap_steps off, nano-vllm's) is the reference for the overlapped one, where decode
+  // step n + 1 is launched before step n's tokens are read. Requests of different lengths, some stopped by
+  // EOS (which the overlapped loop learns of a step late: that step computes a row for them and drops it),
+  // greedy and sampled, in the default engine and in one with a pool and budget small enough to chunk and to
+  // preempt (where the overlapped loop must wait for the tokens before it schedules).
+  Golden g = load_golden("tiny-qwen3-a");
+  std::vector<std::vector<int32_t>> prompts = g.prompts;
+  for (int i = 0; i < 4; i++) {  // short prompts, so that their requests decode beside the long ones' prefills
+    std::vector<int32_t> p;
+    for (int k = 0; k < 5 + i; k++) p.push_back(int32_t((37 * k + 11 * i + 1) % 512));
+    prompts.push_back(p);
+  }
+  EngineConfig c = config_for("tiny-qwen3-a");
+  c.seed = 5;
+  // An EOS id the free runs meet: the third greedy token of the fourth prompt.
+  c.eos = {LLMEngine(c).generate({g.prompts[3]}, {greedy(10)})[0].token_ids[2]};
+  std::vector<SamplingParams> params;
+  for (size_t i = 0; i < prompts.size(); i++) {
+    SamplingParams p = greedy(10 + int(5 * i % 17));
+    p.ignore_eos = i % 2 == 0;
+    if (i % 3 == 2) p.temperature = 0.9f;
+    params.push_back(p);
+  }
+  for (bool tight : {false, true}) {
+    EngineConfig base = c;
+    if (tight) base.kvcache_block_size = 16, base.num_kvcache_blocks = 40, base.max_num_batched_tokens = 64;
+    SCOPED_TRACE(tight ? "small pool and budget" : "default engine");
+    EngineConfig plain_config = base;
+    plain_config.overlap_steps = false;
+    LLMEngine plain(plain_config), overlapped(base);
+    const std::vector<GenerateOutput> want = plain.generate(prompts, params);
+    const std::vector<GenerateOutput> got = overlapped.generate(prompts, params);
+    EXPECT_EQ(completions(got), completions(want));
+    bool some_eos = false;
+    for (size_t i = 0; i < want.size(); i++)
+      some_eos |= int(want[i].token_ids.size()) < params[i].max_tokens;
+    EXPECT_TRUE(some_eos) << "no request stopped at EOS: the test lost a case";
+    EXPECT_EQ(plain.stats().overlapped_steps, 0);
+    EXPECT_GT(overlapped.stats().overlapped_steps, 0) << "the overlapped loop never overlapped";
+    EXPECT_EQ(overlapped.stats().decode_steps, plain.stats().decode_steps);
+    EXPECT_EQ(overlapped.scheduler().num_preemptions(), plain.scheduler().num_preemptions());
+    if (tight) {
+      EXPECT_GT(plain.scheduler().num_preemptions(), 0) << "the small pool did not preempt";
+      EXPECT_LT(overlapped.stats().overlapped_steps, overlapped.stats().decode_steps - 1)
+          << "some steps must have waited for their tokens";
+    }
+  }
+}
+
 TEST(E2E_Engine, BadRequestsAreRefusedWithClearErrors) {
   EngineConfig c = config_for("tiny-qwen3-a");
   c.max_model_len = 64;

@@ -170,6 +170,7 @@ int cmd_bench(const Flags& flags) {
   config.linear_version = linear_version_from(flags);
   config.collectives = collectives_from(flags);
   config.trace = flags.has("trace");
+  config.overlap_steps = !flags.has("no-overlap");
   config.seed = flags.get_uint64("seed", 0);
 
   auto t_load = std::chrono::steady_clock::now();
@@ -225,6 +226,8 @@ int cmd_bench(const Flags& flags) {
   std::printf("decode steps on the host: %.3f s scheduling and bookkeeping, %.3f s preparing and queuing the "
               "step, %.3f s waiting for its tokens\n",
               decode_seconds - queue_seconds - wait_seconds, queue_seconds, wait_seconds);
+  std::printf("decode steps launched before the tokens of the step ahead were read: %lld of %lld\n",
+              (long long)(s.overlapped_steps - before.overlapped_steps), (long long)decode_steps);
   std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
               (long long)engine.scheduler().block_manager().total_hit_blocks());
   if (profiler) {

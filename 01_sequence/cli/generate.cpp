@@ -76,6 +76,7 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   c.tensor_parallel_size = int(f.get_int("tensor-parallel-size", 1, 1, 8));
   c.enforce_eager = f.has("enforce-eager");
   c.trace = f.has("trace");
+  c.overlap_steps = !f.has("no-overlap");
   c.seed = f.get_uint64("seed", 0);
   if (!c.device.empty() && c.device != "cpu" && c.device != "cuda")
     throw UsageError("--device must be cpu or cuda, got '" + c.device + "'");

@@ -31,7 +31,7 @@ const std::vector<std::string> kEngineFlags = {"model", "device", "max-num-seqs"
                                                "max-model-len", "gpu-memory-utilization", "block-size",
                                                "kv-cache-blocks", "tensor-parallel-size", "seed", "tokenizer",
                                                "cpu-memory-mib", "attention-version", "linear-version", "collectives"};
-const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace"};
+const std::vector<std::string> kEngineSwitches = {"enforce-eager", "trace", "no-overlap"};
 
 std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -49,7 +49,7 @@ const std::vector<Command>& commands() {
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
         "tensor-parallel-size", "attention-version", "linear-version", "collectives"},
-       {"enforce-eager", "trace", "profile"},
+       {"enforce-eager", "trace", "profile", "no-overlap"},
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
       {"bench-step", nanovllm::cmd_bench_step,
@@ -88,7 +88,8 @@ const char* const kEngineOptionsHelp =
     "                5 + our tensor-core GEMV for 2-8 rows, 6 = 5 + our wgmma GEMM for 9-48 rows (o_proj and\n"
     "                down_proj: 9-64) on sm_90, and gate_up's SiLU inside its kernel for 1-128 rows\n"
     "                (the default), 7 = 6 + at one row the norms, SiLU and residual adds inside them)\n"
-    "                --seed S --trace\n"
+    "                --seed S --trace --no-overlap (the plain loop: each decode step waits for the tokens of the\n"
+    "                one before; by default step n + 1 is launched before step n's tokens are read, where it can)\n"
     "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
     "                kernels that wait on flags; events, CUDA events and a host barrier, eager only, for\n"
     "                compute-sanitizer)\n"
