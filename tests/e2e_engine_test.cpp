@@ -7,6 +7,8 @@
 //  - bad requests are refused with clear errors.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/model_runner.h"
@@ -254,6 +256,36 @@ TEST(E2E_Engine, OverlappedStepsChangeNoOutput) {
           << "some steps must have waited for their tokens";
     }
   }
+}
+
+TEST(E2E_Engine, RequestsAddedWhileAStepIsInFlightGetThePlainLoopsTokens) {
+  // A caller driving step() itself may add a request between two calls, when the overlapped loop has
+  // already launched the next decode step without it. That step runs as launched; the new request waits
+  // for the one after (in the plain loop it would be prefilled at once). Tokens are the same either way
+  // (the CPU's results do not depend on the batch), every request finishes and every block comes back.
+  Golden g = load_golden("tiny-qwen3-a");
+  auto drive = [&](bool overlap) {
+    EngineConfig c = config_for("tiny-qwen3-a");
+    c.overlap_steps = overlap;
+    LLMEngine engine(c);
+    std::map<int64_t, std::vector<int32_t>> out;
+    auto take = [&](const std::vector<GenerateOutput>& finished) {
+      for (const GenerateOutput& o : finished) out[o.seq_id] = o.token_ids;
+    };
+    engine.add_request(g.prompts[0], greedy(9));
+    engine.add_request(g.prompts[1], greedy(5));
+    for (int i = 0; i < 3; i++) take(engine.step().first);  // a prefill, then two decode steps
+    engine.add_request(g.prompts[2], greedy(7));
+    while (!engine.is_finished()) take(engine.step().first);
+    EXPECT_EQ(engine.scheduler().block_manager().num_free_blocks(), engine.scheduler().block_manager().num_blocks());
+    return std::make_pair(out, engine.stats().overlapped_steps);
+  };
+  const auto [plain, plain_ahead] = drive(false);
+  const auto [overlapped, ahead] = drive(true);
+  EXPECT_EQ(overlapped, plain);
+  EXPECT_EQ(overlapped.size(), 3u);
+  EXPECT_EQ(plain_ahead, 0);
+  EXPECT_GT(ahead, 0);
 }
 
 TEST(E2E_Engine, BadRequestsAreRefusedWithClearErrors) {
