@@ -7,6 +7,7 @@
 // (F32 on the CPU, BF16 on the GPU), "weight" its weight dtype (the same).
 #pragma once
 
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -74,6 +75,25 @@ class Backend {
   // step before's are read. On the CPU: download.
   virtual void download_async(void* host, const Tensor& src, int /*slot*/) { download(host, src); }
   virtual void wait_for_download_async(int /*slot*/) {}
+  // A CUDA graph's own transfers, so that nothing is copied between two replays (on an H200 each copy
+  // queued there costs the device 8-16 µs of waiting: 04_model_runner/NOTES.md section 3). pull_async
+  // queues the copy of byte ranges of `host` (pinned, for the device to read directly) to the same offsets
+  // of dst, captured as a graph's first operation; wait_for_upload_async() then also waits until the last
+  // replayed pull has read `host`. push_tokens_async queues the copy of src (n,) i32 to host + *slot *
+  // stride (host pinned; slot (1,) i32 on the device, read when the copy runs); record_download_async(slot)
+  // after the work that pushes, and wait_for_download_async(slot) returns once the tokens are there. On
+  // the CPU the same copies, done at once.
+  struct ByteRange {
+    int64_t offset, bytes;
+  };
+  virtual void pull_async(const Tensor& dst, const void* host, const std::vector<ByteRange>& ranges) {
+    for (const ByteRange& r : ranges)
+      std::memcpy(static_cast<char*>(dst.data) + r.offset, static_cast<const char*>(host) + r.offset, size_t(r.bytes));
+  }
+  virtual void push_tokens_async(void* host, int64_t stride, const Tensor& src, const Tensor& slot) {
+    std::memcpy(static_cast<int32_t*>(host) + *slot.as<const int32_t>() * stride, src.data, src.nbytes());
+  }
+  virtual void record_download_async(int /*slot*/) {}
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
   // Device memory: free and total bytes (the CPU reports 0, 0).

@@ -4,7 +4,9 @@
 // Everything is queued on one stream, so that a decode step can be captured as a CUDA graph and replayed.
 #include <algorithm>
 #include <cassert>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "04_model_runner/backend.h"
@@ -38,6 +40,10 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
     for (cudaEvent_t& e : download_done_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    pull_counter_ = Buffer(Device::CUDA, sizeof(int64_t));  // on this device: after cudaSetDevice
+    pull_flag_ = Buffer(Device::CPU, sizeof(int64_t), /*pinned=*/true);
+    CUDA_CHECK(cudaMemset(pull_counter_.data(), 0, sizeof(int64_t)));
+    *static_cast<int64_t*>(pull_flag_.data()) = 0;
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cannot create a cuBLAS handle");
     cublasSetStream(cublas_, stream_);
     // A workspace of our own: cuBLAS must not allocate while a CUDA graph is being captured. 32 MiB, as
@@ -68,11 +74,41 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaEventRecord(upload_done_, stream_));  // when the DMA has read `host`
   }
-  void wait_for_upload_async() override { CUDA_CHECK(cudaEventSynchronize(upload_done_)); }
+  void wait_for_upload_async() override {
+    CUDA_CHECK(cudaEventSynchronize(upload_done_));
+    // The last replayed pull: its kernel sets the flag once it has read the host memory. It runs as soon as
+    // the work queued before its graph is done, so the callers (ModelRunner::upload) find it set or nearly.
+    const auto start = std::chrono::steady_clock::now();
+    while (*static_cast<volatile int64_t*>(pull_flag_.data()) < pulls_replayed_) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+        const cudaError_t err = cudaStreamQuery(stream_);  // a kernel's fault, if that is why
+        if (err != cudaErrorNotReady) CUDA_CHECK(err);
+        fail("internal: a CUDA graph's first kernel has not read the step's inputs after 60 s");
+      }
+      std::this_thread::yield();
+    }
+  }
   void download_async(void* host, const Tensor& src, int slot) override {
     CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaEventRecord(download_done_[slot], stream_));
   }
+  void pull_async(const Tensor& dst, const void* host, const std::vector<ByteRange>& ranges) override {
+    if (ranges.empty() || ranges.size() > size_t(kMaxPullRanges)) fail("internal: ", ranges.size(), " ranges to pull");
+    PullRanges pr;
+    for (const ByteRange& r : ranges) {
+      if (r.offset < 0 || r.bytes < 0 || r.offset + r.bytes > int64_t(dst.nbytes()) || r.offset % 4 || r.bytes % 4)
+        fail("internal: a pull range [", r.offset, ", +", r.bytes, ") outside ", dst.nbytes(), " bytes or unaligned");
+      pr.offsets[pr.count] = r.offset;
+      pr.bytes[pr.count++] = r.bytes;
+    }
+    pull_ranges_cuda(dst.data, host, pr, static_cast<int64_t*>(pull_counter_.data()),
+                     static_cast<int64_t*>(pull_flag_.data()), stream_);
+    capture_pulls_ = true;
+  }
+  void push_tokens_async(void* host, int64_t stride, const Tensor& src, const Tensor& slot) override {
+    push_tokens_cuda(static_cast<int32_t*>(host), stride, i32(src), i32(slot), int(src.numel()), stream_);
+  }
+  void record_download_async(int slot) override { CUDA_CHECK(cudaEventRecord(download_done_[slot], stream_)); }
   void wait_for_download_async(int slot) override { CUDA_CHECK(cudaEventSynchronize(download_done_[slot])); }
   void download(void* host, const Tensor& src) override {
     CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
@@ -84,7 +120,10 @@ class CudaBackend final : public Backend {
   }
 
   bool supports_graphs() const override { return true; }
-  void begin_capture() override { CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
+  void begin_capture() override {
+    capture_pulls_ = false;
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  }
   int end_capture() override {
     cudaGraph_t graph;
     CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
@@ -96,9 +135,13 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));  // the executable graph keeps what it needs
     graphs_.push_back(exec);
+    graph_pulls_.push_back(capture_pulls_);
     return int(graphs_.size()) - 1;
   }
-  void replay(int graph) override { CUDA_CHECK(cudaGraphLaunch(graphs_.at(size_t(graph)), stream_)); }
+  void replay(int graph) override {
+    CUDA_CHECK(cudaGraphLaunch(graphs_.at(size_t(graph)), stream_));
+    pulls_replayed_ += graph_pulls_.at(size_t(graph));
+  }
 
   size_t attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) const override {
     return decode_attention_scratch_bytes(max_seqs, max_context_len, s);
@@ -245,6 +288,13 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;  // recorded after each upload_async
   cudaEvent_t download_done_[2] = {};  // recorded after each download_async, by slot
+  // The pulls (pull_async): how many the device has run (pull_counter_, device memory) and has told the host
+  // (pull_flag_, pinned host memory the pull kernel writes), how many graphs that pull were replayed, and
+  // which graphs pull (graph_pulls_, by graph id; capture_pulls_ while one is captured).
+  Buffer pull_counter_, pull_flag_;
+  int64_t pulls_replayed_ = 0;
+  std::vector<bool> graph_pulls_;
+  bool capture_pulls_ = false;
   int attention_version_;  // 05_attention/attention.h; kAttentionVersionDefault: each phase's fastest kernel
   cublasHandle_t cublas_ = nullptr;
   Buffer cublas_workspace_;

@@ -1,5 +1,6 @@
 // The CUDA backend's step upload (Backend::upload_async): from a pinned Buffer, which the CUDA runtime
-// must report as page-locked, and safe to overwrite once wait_for_upload_async() has returned. Then the
+// must report as page-locked, and safe to overwrite once wait_for_upload_async() has returned; the same
+// for a graph that pulls its inputs itself and pushes its tokens (pull_async, push_tokens_async). Then the
 // edges between a step's kernels (cuda_utils.h): each kernel still reads its input whole when the one
 // before it was let in early.
 #include <gtest/gtest.h>
@@ -94,6 +95,63 @@ TEST(Ch04_BackendCuda, OverlappedKernelsAfterAnOrdinaryOneStartEarlyAndStillWait
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
   CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// A CUDA graph's own transfers (Backend::pull_async, push_tokens_async): at each replay the graph reads
+// the ranges of the pinned mirror into the device buffer (and nothing outside them), and writes the tokens
+// to the slot the mirror names. Each replay waits behind ~100 µs of spin, so the pull runs well after the
+// host queued it: wait_for_upload_async() must hold the host until the pull has read the mirror (the host
+// then overwrites it with -1s, which a late pull would copy), and wait_for_download_async(slot) until the
+// tokens are there.
+TEST(Ch04_BackendCuda, AGraphPullsItsRangesAndPushesItsTokensAtEachReplay) {
+  SKIP_WITHOUT_GPU();
+  std::unique_ptr<Backend> backend = make_cuda_backend(0);
+  const cudaStream_t stream = static_cast<cudaStream_t>(backend->stream());
+  const int64_t words = 16384, stride = 128, num_tokens = 100;
+  const int64_t token_word = 2048, slot_word = 15000;  // where the tokens and the slot are, in words
+  // Four ranges, 42 KB: more than one round of the pull's block (32 KB).
+  const std::vector<Backend::ByteRange> ranges = {{0, 400}, {4096, 8}, {4 * token_word, 40000}, {4 * slot_word, 4}};
+  Buffer mirror(Device::CPU, size_t(words) * 4, /*pinned=*/true), device(Device::CUDA, size_t(words) * 4);
+  Buffer tokens(Device::CPU, size_t(2 * stride) * 4, /*pinned=*/true), spin(Device::CUDA, 4096);
+  const Tensor dst(device.data(), DType::U8, Device::CUDA, {words * 4});
+  const Tensor src(static_cast<int32_t*>(device.data()) + token_word, DType::I32, Device::CUDA, {num_tokens});
+  const Tensor slot(static_cast<int32_t*>(device.data()) + slot_word, DType::I32, Device::CUDA, {1});
+  backend->begin_capture();
+  backend->pull_async(dst, mirror.data(), ranges);
+  backend->push_tokens_async(tokens.data(), stride, src, slot);
+  const int graph = backend->end_capture();
+
+  std::vector<bool> pulled(static_cast<size_t>(words), false);
+  for (const Backend::ByteRange& r : ranges)
+    for (int64_t w = r.offset / 4; w < (r.offset + r.bytes) / 4; w++) pulled[size_t(w)] = true;
+  int32_t* host = static_cast<int32_t*>(mirror.data());
+  const int32_t* host_tokens = static_cast<const int32_t*>(tokens.data());
+  CUDA_CHECK(cudaMemsetAsync(device.data(), 0x7f, device.bytes(), stream));  // 0x7f7f7f7f outside the ranges
+  std::vector<int32_t> got(static_cast<size_t>(words));
+  for (int replay = 0; replay < 4; replay++) {
+    backend->wait_for_upload_async();
+    for (int64_t w = 0; w < words; w++) host[w] = int32_t(w * 3 + replay);
+    host[slot_word] = replay % 2;
+    test::slow_fill_cuda(static_cast<float*>(spin.data()), 1, 1.0f, 200000, stream);  // ~100 µs
+    backend->replay(graph);
+    backend->record_download_async(replay % 2);
+    backend->wait_for_upload_async();
+    for (int64_t w = words - 1; w >= 0; w--) host[w] = -1;
+    backend->wait_for_download_async(replay % 2);
+    int wrong_tokens = 0;
+    for (int64_t i = 0; i < num_tokens; i++) wrong_tokens += host_tokens[(replay % 2) * stride + i] != int32_t((token_word + i) * 3 + replay);
+    EXPECT_EQ(wrong_tokens, 0) << "replay " << replay << ": tokens in slot " << replay % 2;
+    backend->download(got.data(), Tensor(device.data(), DType::I32, Device::CUDA, {words}));
+    int wrong_in = 0, wrong_out = 0;
+    for (int64_t w = 0; w < words; w++) {
+      if (w == slot_word) continue;
+      if (pulled[size_t(w)]) wrong_in += got[size_t(w)] != int32_t(w * 3 + replay);
+      else wrong_out += got[size_t(w)] != 0x7f7f7f7f;
+    }
+    EXPECT_EQ(wrong_in, 0) << "replay " << replay << ": words of the ranges not pulled (or pulled after the host's -1s)";
+    EXPECT_EQ(wrong_out, 0) << "replay " << replay << ": words outside the ranges written";
+    EXPECT_EQ(got[size_t(slot_word)], replay % 2);
+  }
 }
 
 // A layer's chain at its tightest: the projection before a norm ends late (a kernel that lets the norm start,

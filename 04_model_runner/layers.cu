@@ -168,6 +168,47 @@ __global__ void take_sampled_tokens_kernel(int32_t* ids, const int32_t* tokens, 
   if (i < m && rows[i] >= 0) ids[i] = tokens[rows[i]];
 }
 
+// One block: every thread loads up to kPullWords words of the ranges (all its loads issued before its
+// first store: each is a PCIe round trip of ~1-2 µs, and a block of 1,024 threads then reads 32 KB in
+// about one), then stores them; until the ranges are done.
+constexpr int kPullThreads = 1024, kPullWords = 8;
+__global__ void __launch_bounds__(kPullThreads) pull_ranges_kernel(uint32_t* dst, const uint32_t* host,
+                                                                   PullRanges ranges, int64_t* counter,
+                                                                   int64_t* host_flag) {
+  int64_t total = 0;  // words in all ranges
+  for (int r = 0; r < ranges.count; r++) total += ranges.bytes[r] / 4;
+  // Word w of the ranges is at this word offset of host and dst.
+  auto word_offset = [&](int64_t w) {
+    int r = 0;
+    while (w >= ranges.bytes[r] / 4) w -= ranges.bytes[r++] / 4;
+    return ranges.offsets[r] / 4 + w;
+  };
+  for (int64_t first = 0; first < total; first += int64_t(kPullThreads) * kPullWords) {
+    uint32_t v[kPullWords];
+    int64_t at[kPullWords];
+#pragma unroll
+    for (int k = 0; k < kPullWords; k++) {
+      const int64_t w = first + threadIdx.x + int64_t(k) * kPullThreads;
+      at[k] = w < total ? word_offset(w) : -1;
+      if (at[k] >= 0) v[k] = host[at[k]];
+    }
+#pragma unroll
+    for (int k = 0; k < kPullWords; k++)
+      if (at[k] >= 0) dst[at[k]] = v[k];
+  }
+  __syncthreads();  // every thread's loads of host have returned: the host may write it again
+  if (threadIdx.x == 0) {
+    const int64_t pulls = *counter + 1;
+    *counter = pulls;
+    *reinterpret_cast<volatile int64_t*>(host_flag) = pulls;
+  }
+}
+
+__global__ void push_tokens_kernel(int32_t* host, int64_t stride, const int32_t* src, const int32_t* slot, int n) {
+  int32_t* row = host + int64_t(*slot) * stride;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = src[i];
+}
+
 __global__ void gather_rows_kernel(bf16* out, const bf16* x, const int32_t* rows, int cols) {
   const bf16* src = x + int64_t(rows[blockIdx.x]) * cols;
   bf16* dst = out + int64_t(blockIdx.x) * cols;
@@ -263,6 +304,22 @@ void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStr
 void take_sampled_tokens_cuda(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m, cudaStream_t stream) {
   if (m == 0) return;
   take_sampled_tokens_kernel<<<(m + 255) / 256, 256, 0, stream>>>(ids, tokens, rows, m);
+  CUDA_CHECK_LAUNCH();
+}
+
+void pull_ranges_cuda(void* dst, const void* host, const PullRanges& ranges, int64_t* counter,
+                      int64_t* host_flag, cudaStream_t stream) {
+  assert(ranges.count >= 1 && ranges.count <= kMaxPullRanges);
+  for (int r = 0; r < ranges.count; r++) assert(ranges.offsets[r] % 4 == 0 && ranges.bytes[r] % 4 == 0);
+  pull_ranges_kernel<<<1, kPullThreads, 0, stream>>>(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(host),
+                                                     ranges, counter, host_flag);
+  CUDA_CHECK_LAUNCH();
+}
+
+void push_tokens_cuda(int32_t* host, int64_t stride, const int32_t* src, const int32_t* slot, int n,
+                      cudaStream_t stream) {
+  if (n == 0) return;
+  push_tokens_kernel<<<1, 512, 0, stream>>>(host, stride, src, slot, n);
   CUDA_CHECK_LAUNCH();
 }
 

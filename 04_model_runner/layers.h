@@ -86,5 +86,25 @@ void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStr
 void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream);
 void take_sampled_tokens_cuda(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m, cudaStream_t stream);
 
+// A CUDA graph's own transfers (04_model_runner/NOTES.md section 3, "The step's inputs read by the graph"):
+// no copy engine between two replays, since each copy queued there costs the device 8-16 µs of waiting.
+//
+// The byte ranges [offsets[i], offsets[i] + bytes[i]) of host (pinned memory, which the device reads
+// over PCIe) copied to the same offsets of dst, by one block; every range a multiple of 4 bytes at a
+// 4-byte offset, at most kMaxPullRanges of them. Then *counter (device) += 1 and *host_flag = *counter:
+// the host knows the ranges were read once the flag reaches the number of pulls it queued.
+constexpr int kMaxPullRanges = 16;
+struct PullRanges {
+  int count = 0;
+  int64_t offsets[kMaxPullRanges], bytes[kMaxPullRanges];
+};
+void pull_ranges_cuda(void* dst, const void* host, const PullRanges& ranges, int64_t* counter,
+                      int64_t* host_flag, cudaStream_t stream);
+// host[*slot * stride + i] = src[i] for i < n: the sampled tokens written to pinned host memory by the
+// device (slot (1,) i32 on the device, 0 or 1); the host may read them once the stream has passed this
+// kernel (an event recorded after it).
+void push_tokens_cuda(int32_t* host, int64_t stride, const int32_t* src, const int32_t* slot, int n,
+                      cudaStream_t stream);
+
 }  // namespace nanovllm
 #endif

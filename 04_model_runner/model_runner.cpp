@@ -142,7 +142,8 @@ void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallel
   const AttentionShape shape = r.model->attention_shape(block_size_);
   r.attention_scratch = Buffer(r.backend->device(), r.backend->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
   // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step). For a
-  // GPU the host mirror is pinned, so that the upload is a DMA queued on the stream (upload_async).
+  // GPU the host mirror is pinned, so that the upload is a DMA queued on the stream (upload_async), or,
+  // in a CUDA graph, read by the graph's first kernel (pull_async).
   r.step_storage = Arena::carve(r.backend->device(), [&](Arena& a) {
     r.step = carve_step_tensors(a);
     r.tokens = a.take(DType::I32, {max_seqs_});
@@ -228,6 +229,7 @@ ModelRunner::StepTensors ModelRunner::carve_step_tensors(Arena& a) const {
   t.block_tables = a.take(DType::I32, {B, W});
   t.sampling = a.take(DType::U8, {B, int64_t(sizeof(SamplingRow))});
   t.input_rows = a.take(DType::I32, {B});
+  t.token_slot = a.take(DType::I32, {1});
   return t;
 }
 
@@ -321,16 +323,16 @@ void stage(const Tensor& host, const std::vector<T>& values) {
 
 }  // namespace
 
-ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context_len) {
+void ModelRunner::stage_inputs(Rank& r, const StepInputs& in) {
   const int T = in.num_tokens(), B = in.num_seqs();
   if (T > max_tokens_ || B > max_seqs_) fail("internal: step of ", T, " tokens / ", B, " sequences exceeds the workspace");
-  // Fill the host mirror, then copy it to the device in one transfer. The copy is asynchronous (on the
-  // GPU a DMA from pinned memory that runs after upload returns), so the last one may still be reading
-  // the mirror: wait for it before writing. In a step this wait returns at once or nearly: the copy was
-  // queued before the last step's forward pass, and either that step's tokens have been collected (the
-  // plain loop), or the device is running that step (the overlapped loop: its step before was collected),
-  // or it was launched just now on an idle device. It matters where uploads follow each other with no
-  // synchronisation between them: the constructor's warm-up of every batch size before the ranks are joined.
+  // The device reads the mirror after this returns (a DMA from pinned memory, or a graph's first kernel),
+  // so the last step's read may not be done: wait for it before writing. In a step this wait returns at
+  // once or nearly: the read was queued before the last step's forward pass, and either that step's tokens
+  // have been collected (the plain loop), or the device is running that step (the overlapped loop: its
+  // step before was collected), or it was launched just now on an idle device. It matters where uploads
+  // follow each other with no synchronisation between them: the constructor's warm-up of every batch size
+  // before the ranks are joined.
   r.backend->wait_for_upload_async();
   stage(r.staged.input_ids, in.input_ids);
   stage(r.staged.positions, in.positions);
@@ -342,6 +344,27 @@ ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context
   stage(r.staged.last_token_rows, in.last_token_rows);
   stage(r.staged.context_lens, in.context_lens);
   stage(r.staged.input_rows, in.input_rows);
+}
+
+std::vector<Backend::ByteRange> ModelRunner::decode_step_ranges(const Rank& r, int bs) const {
+  const char* base = static_cast<const char*>(r.step_storage.data());
+  std::vector<Backend::ByteRange> ranges;
+  auto rows = [&](const Tensor& t, int64_t n) {
+    ranges.push_back({static_cast<const char*>(t.data) - base, int64_t(t.slice_rows(0, n).nbytes())});
+  };
+  const StepTensors& t = r.step;
+  for (const Tensor* x : {&t.input_ids, &t.positions, &t.slot_mapping, &t.context_lens, &t.last_token_rows,
+                          &t.block_tables, &t.sampling, &t.input_rows})
+    rows(*x, bs);
+  rows(t.cu_seqlens_q, bs + 1);
+  rows(t.cu_seqlens_k, bs + 1);
+  rows(t.token_slot, 1);
+  return ranges;
+}
+
+ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context_len) {
+  const int T = in.num_tokens(), B = in.num_seqs();
+  stage_inputs(r, in);
   // The mirror's bytes, not the device buffer's: the device layout is the mirror's followed by the
   // sampled tokens, which have no host twin (copying the device size read past the mirror's end).
   r.backend->upload_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
@@ -437,8 +460,14 @@ void ModelRunner::capture_cuda_graph(Rank& r, int bs) {
   StepInputs in;  // a batch of padding rows only; the inputs of a replay are uploaded into the same buffers
   pad_decode(in, bs);
   ForwardInputs f = upload(r, in, max_model_len_);
+  // The graph brings its own inputs and takes its own tokens: its first kernel reads the step tensors it
+  // uses from the host mirror, its last writes the sampled tokens to token_staging_ (rank 0), so that no
+  // copy runs between two replays (04_model_runner/NOTES.md section 3, "The step's inputs read by the graph").
   r.backend->begin_capture();
+  r.backend->pull_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
+                        r.step_staging.data(), decode_step_ranges(r, bs));
   execute(r, f, bs);
+  if (r.rank == 0) r.backend->push_tokens_async(token_staging_.data(), max_seqs_, r.tokens.slice_rows(0, bs), r.step.token_slot);
   r.graphs.push_back({bs, r.backend->end_capture()});
   r.backend->synchronize();
 }
@@ -490,14 +519,16 @@ void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, co
   threads_->run([&](int rank) {
     Rank& r = *ranks_[size_t(rank)];
     r.backend->bind_to_thread();
-    if (graph) {
-      upload(r, padded, max_model_len_);
+    if (graph) {  // the graph reads the mirror and writes the tokens to the slot itself
+      stage_inputs(r, padded);
+      *r.staged.token_slot.as<int32_t>() = slot;
       r.backend->replay(graph_for(r, B)->second);
+      if (rank == 0) r.backend->record_download_async(slot);
     } else {
       execute(r, upload(r, in, in.max_seqlen_k), B);
+      if (rank == 0)  // queued after the step: the tokens land in the slot when the step is done
+        r.backend->download_async(static_cast<int32_t*>(token_staging_.data()) + size_t(slot) * max_seqs_, r.tokens.slice_rows(0, B), slot);
     }
-    if (rank == 0)  // queued after the step: the tokens land in the slot when the step is done
-      r.backend->download_async(static_cast<int32_t*>(token_staging_.data()) + size_t(slot) * max_seqs_, r.tokens.slice_rows(0, B), slot);
     if (rank != 0) r.backend->synchronize();  // the step's collectives finish before the job does
     rank_steps_[size_t(rank)]++;
   });

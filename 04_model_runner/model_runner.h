@@ -110,6 +110,7 @@ class ModelRunner {
     Tensor block_tables;                        // (B, W) i32
     Tensor sampling;                            // (B, sizeof(SamplingRow)) U8
     Tensor input_rows;                          // (T,) i32
+    Tensor token_slot;                          // (1,) i32: the slot of token_staging_ a graph pushes its tokens to
   };
 
   // One tensor-parallel rank (nano-vllm: one ModelRunner process per GPU): its device, its shard of the
@@ -136,7 +137,13 @@ class ModelRunner {
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
   void pad_decode(StepInputs& in, int batch_size) const;
+  // Fills rank r's host mirror with `in` (after waiting until the device has read the step before's).
+  void stage_inputs(Rank& r, const StepInputs& in);
+  // stage_inputs, then queues the mirror's copy to the device; returns the device tensors of the step.
   ForwardInputs upload(Rank& r, const StepInputs& in, int max_context_len);
+  // What a captured decode step of bs rows reads of the step tensors: the first bs rows of each (and the
+  // token slot), as byte ranges of step_storage, which the graph pulls from the mirror (Backend::pull_async).
+  std::vector<Backend::ByteRange> decode_step_ranges(const Rank& r, int bs) const;
   void allocate_kv_cache(EngineConfig& config);
   // The prefill warm-up (nano-vllm's warmup_model runs one prefill of max_num_batched_tokens): on the GPU,
   // one prefill of each size prefill_warm_up_sizes() gives, so that every power-of-two bucket of rows a

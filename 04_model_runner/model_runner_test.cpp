@@ -177,3 +177,21 @@ TEST(Ch04_ModelRunner, RefusesCheckpointTensorsTheConfigDoesNotDescribe) {
             "");
   std::system(("rm -rf '" + dir + "'").c_str());
 }
+
+// A CUDA graph's own transfers (Backend::pull_async, push_tokens_async), as the CPU backend does them: the
+// byte ranges of the host copied to the same offsets and nothing else, the tokens to the row the slot names.
+// Ch04_BackendCuda.AGraphPullsItsRangesAndPushesItsTokensAtEachReplay holds the GPU to the same.
+TEST(Ch04_Backend, PullCopiesOnlyItsRangesAndPushWritesTheSlotsRow) {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::vector<int32_t> host = range(0, 64), device(64, -7), tokens(2 * 8, -1);
+  const Tensor dst(device.data(), DType::U8, Device::CPU, {int64_t(device.size() * 4)});
+  cpu->pull_async(dst, host.data(), {{0, 8}, {40, 12}, {200, 4}});
+  for (int w = 0; w < 64; w++) {
+    const bool pulled = w < 2 || (w >= 10 && w < 13) || w == 50;
+    EXPECT_EQ(device[size_t(w)], pulled ? w : -7) << "word " << w;
+  }
+  device[50] = 1;  // the slot
+  const Tensor src(device.data() + 10, DType::I32, Device::CPU, {3}), slot(device.data() + 50, DType::I32, Device::CPU, {1});
+  cpu->push_tokens_async(tokens.data(), 8, src, slot);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{-1, -1, -1, -1, -1, -1, -1, -1, 10, 11, 12, -1, -1, -1, -1, -1}));
+}

@@ -47,6 +47,13 @@ class ProfiledBackend final : public Backend {
   void wait_for_upload_async() override { inner_->wait_for_upload_async(); }
   void download_async(void* host, const Tensor& src, int slot) override { inner_->download_async(host, src, slot); }
   void wait_for_download_async(int slot) override { inner_->wait_for_download_async(slot); }
+  void pull_async(const Tensor& dst, const void* host, const std::vector<ByteRange>& ranges) override {
+    inner_->pull_async(dst, host, ranges);
+  }
+  void push_tokens_async(void* host, int64_t stride, const Tensor& src, const Tensor& slot) override {
+    inner_->push_tokens_async(host, stride, src, slot);
+  }
+  void record_download_async(int slot) override { inner_->record_download_async(slot); }
   void synchronize() override { inner_->synchronize(); }
   void memory_info(size_t* free_bytes, size_t* total_bytes) const override { inner_->memory_info(free_bytes, total_bytes); }
   bool supports_graphs() const override { return inner_->supports_graphs(); }

@@ -14,8 +14,9 @@ Buffer::Buffer(Device device, size_t bytes, bool pinned) : bytes_(bytes), device
   if (bytes == 0) return;
   if (pinned) {
 #ifdef NANOVLLM_CUDA
-    // Portable: pinned for every GPU's context, whichever device is current.
-    cudaError_t err = cudaHostAlloc(&data_, bytes, cudaHostAllocPortable);
+    // Portable: pinned for every GPU's context, whichever device is current. Mapped: kernels may read and
+    // write it through the same pointer (a CUDA graph's own transfers, Backend::pull_async).
+    cudaError_t err = cudaHostAlloc(&data_, bytes, cudaHostAllocPortable | cudaHostAllocMapped);
     if (err != cudaSuccess) {
       data_ = nullptr;
       (void)cudaGetLastError();

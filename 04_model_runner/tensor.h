@@ -18,7 +18,8 @@ enum class Device { CPU, CUDA };
 // Bytes owned on one device: malloc'd host memory or cudaMalloc'd GPU memory. Move-only.
 // `pinned` host memory (cudaHostAlloc, CUDA builds only) is page-locked: the GPU copies from it by DMA,
 // asynchronously, where a copy from ordinary (pageable) memory first goes through a bounce buffer of the
-// driver and returns only when the host side is done.
+// driver and returns only when the host side is done. It is also mapped: a kernel may read or write it
+// through the same pointer, over PCIe.
 class Buffer {
  public:
   Buffer() = default;

@@ -16,6 +16,8 @@
 #              barrier), 04_model_runner/NOTES.md section 9
 #   probe      tests/kv_stream_probe.cu: how fast a paged KV cache can be read, and what of v9's work costs
 #              bandwidth (05_attention/NOTES.md, "What the KV stream allows"), at 4 (sequences, context) points
+#   gap        tests/step_gap_probe.cu: what the device waits between two graph replays for the copies queued
+#              between them, and with the graph doing its own transfers (04_model_runner/NOTES.md section 3)
 #   timeline   tests/timeline.cpp (CUPTI, loaded through CUDA_INJECTION64_PATH): bench-step's graph at batch
 #              ${TIMELINE_BATCHES:-1 16 64 256}, kernel by kernel, beside the untraced step (04 NOTES, section 13)
 #   benchline  tests/timeline.cpp over a whole `bench --random qwen3-0.6b` (TIMELINE_ALL=1): every decode step's
@@ -98,6 +100,9 @@ for phase in $phases; do
     chain)
       nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o $B/chain_bench > "$out/chain-build.log" 2>&1 &&
         $B/chain_bench | tee "$out/chain.log" || status=1 ;;
+    gap)
+      nvcc -O3 -arch=sm_90 -std=c++17 tests/step_gap_probe.cu -o $B/step_gap_probe > "$out/gap-build.log" 2>&1 &&
+        $B/step_gap_probe | tee "$out/gap.log" || status=1 ;;
     timeline|benchline)
       cupti_h=$(find /usr/local/cuda*/ -name cupti.h 2>/dev/null | head -1)
       cupti_so=$(find /usr/local/cuda*/ -name 'libcupti.so' 2>/dev/null | head -1)
