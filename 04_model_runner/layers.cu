@@ -161,8 +161,9 @@ __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int i
   store_bf16x8(out + row * inter + 8 * c, g);
 }
 
-// take_sampled_tokens_cpu's loop, a thread a row. The first kernel of a decode step's graph: it runs after
-// the step before has ended (stream order), and the embedding after it waits for it (launched overlapped).
+// take_sampled_tokens_cpu's loop, a thread a row. In a decode step's graph it runs after the pull of the
+// step's inputs (pull_ranges_kernel, the graph's first kernel), so after the step before has ended (stream
+// order); the embedding after it waits for it (launched overlapped).
 __global__ void take_sampled_tokens_kernel(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < m && rows[i] >= 0) ids[i] = tokens[rows[i]];
