@@ -33,7 +33,8 @@ struct EngineConfig {
   std::vector<int32_t> eos;          // end-of-sequence ids, from generation_config.json / config.json
   uint64_t seed = 0;                 // the engine's seed; requests without one derive theirs from it
   bool trace = false;                // print every scheduling decision to stderr
-  // Launch decode step n + 1 before step n's tokens reach the host where its batch allows (LLMEngine::step).
+  // Launch step n + 1 before step n's tokens reach the host where its batch allows (LLMEngine::step): a
+  // decode step after a decode step, a prefill after a prefill.
   // Not with --trace (whose lines follow the plain loop) or several tensor-parallel ranks.
   bool overlap_steps = true;
 

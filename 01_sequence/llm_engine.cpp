@@ -85,21 +85,25 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     if (!s->is_finished()) scheduled_tokens += is_prefill ? s->num_scheduled_tokens : 1, context_tokens += s->num_tokens();
 
   // The overlap: step n + 1 scheduled and launched now, before step n's tokens are read, when its batch
-  // needs none of them. Its input tokens are step n's, taken on the device from the row of each sequence.
+  // needs none of them: a decode step after a decode step, its input tokens step n's, taken on the device
+  // from the row of each sequence; or a prefill after a prefill, of requests that were waiting.
   std::vector<Sequence*> next;
-  if (!is_prefill && !logits && may_overlap()) next = scheduler_->schedule_ahead(seqs);
+  if (!logits && may_overlap())
+    next = is_prefill ? scheduler_->schedule_prefill_ahead(seqs) : scheduler_->schedule_ahead(seqs);
   if (!next.empty()) {
-    // Both batches keep the running queue's order, so each sequence's row in step n is found by walking on.
     std::vector<int32_t> input_rows;
-    size_t row = 0;
-    for (const Sequence* s : next) {
-      while (row < seqs.size() && seqs[row] != s) row++;
-      if (row == seqs.size()) fail("internal: a sequence scheduled ahead was not in the step before");
-      input_rows.push_back(int32_t(row));
+    if (!is_prefill) {
+      // Both batches keep the running queue's order, so each sequence's row in step n is found by walking on.
+      size_t row = 0;
+      for (const Sequence* s : next) {
+        while (row < seqs.size() && seqs[row] != s) row++;
+        if (row == seqs.size()) fail("internal: a sequence scheduled ahead was not in the step before");
+        input_rows.push_back(int32_t(row));
+      }
     }
-    model_runner_->launch(next, false, input_rows);
-    in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{next, false});
-    stats_.overlapped_steps++;
+    model_runner_->launch(next, is_prefill, input_rows);
+    in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{next, is_prefill});
+    (is_prefill ? stats_.overlapped_prefill_steps : stats_.overlapped_steps)++;
   }
 
   std::vector<int32_t> tokens = model_runner_->collect();
@@ -110,7 +114,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
            "; the checkpoint's weights may hold NaN or Inf");
   std::vector<bool> was_finished;  // rows of sequences retired before this step ran: computed and dropped
   for (const Sequence* s : seqs) was_finished.push_back(s->is_finished());
-  if (!next.empty()) scheduler_->finish_ahead(seqs, tokens);
+  if (!next.empty()) scheduler_->finish_ahead(seqs, tokens, is_prefill);
   else scheduler_->postprocess(seqs, tokens, is_prefill);
 
   // The step's tokens exist from here on: this one clock read times the step and stamps its requests.

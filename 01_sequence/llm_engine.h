@@ -6,10 +6,11 @@
 //   tokens = model_runner.collect()                         queued, then its tokens read back
 //   scheduler.postprocess(seqs, tokens, is_prefill)       append tokens, retire finished sequences
 //
-// Beyond nano-vllm, decode steps overlap (EngineConfig::overlap_steps): while step n runs, step n + 1 is
-// scheduled and launched before step n's tokens reach the host, its input tokens read from the sampler's
-// output on the device, wherever its batch does not depend on those tokens (Scheduler::schedule_ahead).
-// The host's work between two steps then runs beside the device's; the outputs are the same.
+// Beyond nano-vllm, steps overlap (EngineConfig::overlap_steps): while step n runs, step n + 1 is
+// scheduled and launched before step n's tokens reach the host, wherever its batch does not depend on those
+// tokens: a decode step after a decode step, its input tokens read from the sampler's output on the device
+// (Scheduler::schedule_ahead), or a prefill after a prefill (Scheduler::schedule_prefill_ahead). The host's
+// work between two steps then runs beside the device's; the outputs are the same.
 //
 // It sits in chapter 01 because a reader starts here, but it calls every other chapter: the Makefile
 // builds chapter 01 on top of all the others (deps_01).
@@ -48,6 +49,7 @@ struct EngineStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;
   int64_t decode_context_tokens = 0;  // sum of context lengths over decode steps: the K/V tokens read
   int64_t overlapped_steps = 0;       // decode steps launched before the step before's tokens were read
+  int64_t overlapped_prefill_steps = 0;  // prefill steps launched so, after a prefill step
   double prefill_seconds = 0, decode_seconds = 0;
   // Of decode_seconds: the model runner queuing each step (inputs, uploads, launches) and waiting for
   // its tokens (ModelRunner::RunTimes). The rest is the scheduler and the bookkeeping of the step, host

@@ -160,10 +160,32 @@ std::vector<Sequence*> Scheduler::schedule_ahead(const std::vector<Sequence*>& l
   return next;
 }
 
-void Scheduler::finish_ahead(const std::vector<Sequence*>& launched, const std::vector<int32_t>& token_ids) {
+std::vector<Sequence*> Scheduler::schedule_prefill_ahead(const std::vector<Sequence*>& launched) {
+  if (waiting_.empty()) return {};
+  for (const Sequence* seq : launched) {
+    const bool completes_prompt = seq->num_cached_tokens + seq->num_scheduled_tokens == seq->num_tokens();
+    const bool may_finish = !seq->params.ignore_eos || seq->num_completion_tokens() + 1 >= seq->params.max_tokens;
+    if (completes_prompt && may_finish) return {};  // its token of step n may free its blocks
+  }
+  // The head's blocks: step n's hashes (mark_computed, below) can only add prefix hits, so a head that fits
+  // now fits then, and schedule() takes the prefill branch.
+  const Sequence* head = waiting_.front();
+  if (head->block_table.empty() && block_manager_.can_allocate(*head) == -1) return {};
+  for (Sequence* seq : launched) mark_computed(seq);
+  auto [next, is_prefill] = schedule();
+  if (!is_prefill) fail("internal: a prefill scheduled ahead became a decode step");
+  return next;
+}
+
+void Scheduler::finish_ahead(const std::vector<Sequence*>& launched, const std::vector<int32_t>& token_ids,
+                             bool is_prefill) {
   assert(launched.size() == token_ids.size());
-  for (size_t i = 0; i < launched.size(); i++)
-    if (!launched[i]->is_finished()) take_token(launched[i], token_ids[i]);
+  for (size_t i = 0; i < launched.size(); i++) {
+    Sequence* seq = launched[i];
+    if (seq->is_finished()) continue;
+    if (is_prefill && seq->num_cached_tokens < seq->num_tokens()) continue;  // a chunk: no token yet
+    take_token(seq, token_ids[i]);
+  }
 }
 
 }  // namespace nanovllm

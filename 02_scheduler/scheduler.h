@@ -58,10 +58,19 @@ class Scheduler {
   // step n is their max_tokens-th. Otherwise it changes nothing and returns an empty batch: the caller
   // waits for the tokens and calls postprocess as usual.
   std::vector<Sequence*> schedule_ahead(const std::vector<Sequence*>& launched);
+  // schedule_prefill_ahead(launched), where `launched` is prefill step n: step n + 1 when it is another
+  // prefill that schedule() would choose the same without step n's tokens. That holds when a request waits
+  // whose prefill can start (the head of the waiting queue finds its blocks) and no sequence whose prompt
+  // step n completes can finish at that token (each has ignore_eos and more than one token to go), since
+  // only such a finish would free blocks before schedule() runs. Then it does step n's postprocess up to
+  // its tokens and returns schedule()'s prefill batch; otherwise it changes nothing and returns none.
+  std::vector<Sequence*> schedule_prefill_ahead(const std::vector<Sequence*>& launched);
   // The rest of step n's postprocess, once its tokens are on the host: each kPendingToken replaced by its
-  // token (appended, for a sequence that did not go on), and the sequences that hit EOS or max_tokens
-  // retired. A sequence retired by EOS here is still in step n + 1, whose row for it is computed and dropped.
-  void finish_ahead(const std::vector<Sequence*>& launched, const std::vector<int32_t>& token_ids);
+  // token (appended, for a sequence that did not go on, or whose prompt prefill step n completed), and the
+  // sequences that hit EOS or max_tokens retired. A sequence retired by EOS here is still in step n + 1,
+  // whose row for it is computed and dropped. A prefill chunk that did not complete its prompt gets no token.
+  void finish_ahead(const std::vector<Sequence*>& launched, const std::vector<int32_t>& token_ids,
+                    bool is_prefill = false);
 
   const BlockManager& block_manager() const { return block_manager_; }
   const std::deque<Sequence*>& waiting() const { return waiting_; }

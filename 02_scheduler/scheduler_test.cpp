@@ -84,10 +84,12 @@ EngineConfig small_config(int num_blocks, int block_size = 16, int budget = 1638
 }
 
 // Drives requests to completion as LLMEngine::generate does, checking per-step invariants.
-// overlap: drive decode steps as LLMEngine's overlapped loop does: step n + 1 scheduled ahead before step n's
-// tokens are "read" (postprocessed), where schedule_ahead allows it.
+// overlap: drive steps as LLMEngine's overlapped loop does: step n + 1 scheduled ahead before step n's
+// tokens are "read" (postprocessed), where schedule_ahead (decode) or schedule_prefill_ahead allows it;
+// overlapped and overlapped_prefills count those steps.
 RunResult run_all(const EngineConfig& config, const std::vector<std::vector<int32_t>>& prompts,
-            const std::vector<SamplingParams>& params, bool overlap = false, int64_t* overlapped = nullptr) {
+            const std::vector<SamplingParams>& params, bool overlap = false, int64_t* overlapped = nullptr,
+            int64_t* overlapped_prefills = nullptr) {
   Scheduler scheduler(config);
   FakeModel model(config.num_kvcache_blocks, config.kvcache_block_size);
   std::vector<std::unique_ptr<Sequence>> seqs;
@@ -106,17 +108,23 @@ RunResult run_all(const EngineConfig& config, const std::vector<std::vector<int3
         std::tie(batch, is_prefill) = scheduler.schedule();
         out = model.run(batch, is_prefill);
       }
-      std::vector<Sequence*> next = is_prefill ? std::vector<Sequence*>{} : scheduler.schedule_ahead(batch);
+      std::vector<Sequence*> next = is_prefill ? scheduler.schedule_prefill_ahead(batch) : scheduler.schedule_ahead(batch);
       if (next.empty()) {
         scheduler.postprocess(batch, out, is_prefill);
         batch.clear();
+      } else if (is_prefill) {
+        for (const Sequence* s : next) EXPECT_NE(s->last_token, kPendingToken);
+        std::vector<int32_t> next_out = model.run(next, true);
+        scheduler.finish_ahead(batch, out, true);
+        batch = next, out = next_out;
+        if (overlapped_prefills) ++*overlapped_prefills;
       } else {
         std::map<const Sequence*, int32_t> sampled;
         for (size_t i = 0; i < batch.size(); i++) sampled[batch[i]] = out[i];
         for (const Sequence* s : next) EXPECT_EQ(s->last_token, kPendingToken);
         std::vector<int32_t> next_out = model.run(next, false, sampled);
         scheduler.finish_ahead(batch, out);
-        batch = next, out = next_out, is_prefill = false;
+        batch = next, out = next_out;
         if (overlapped) ++*overlapped;
       }
       if (++run.steps > 1000000) {
@@ -418,21 +426,25 @@ TEST(Ch02_Scheduler, ChunkingAndPreemptionTogetherKeepCountersRight) {
 }
 
 TEST(Ch02_Scheduler, StepsScheduledAheadGiveTheSameOutputs) {
-  // The overlapped loop (schedule_ahead, finish_ahead) against the model alone, with the fake cache checking
-  // every slot: requests of random lengths, half of them stopping at EOS (a step late for the overlapped loop,
-  // whose next step has already been given them), in pools small enough to preempt, where it must fall back.
+  // The overlapped loop (schedule_ahead, schedule_prefill_ahead, finish_ahead) against the model alone, with
+  // the fake cache checking every slot: requests of random lengths, half of them stopping at EOS (a step late
+  // for the overlapped loop, whose next step has already been given them), a third sharing a prefix (hits on
+  // blocks a prefill launched ahead of its tokens computed), in pools small enough to chunk and to preempt,
+  // where it must fall back.
   std::mt19937 rng(777);
   struct Shape { int blocks, block_size, budget, max_seqs; };
   const Shape shapes[] = {{40, 16, 64, 8}, {60, 32, 100, 16}, {400, 16, 1000, 64}};
-  int64_t overlapped = 0, preemptions = 0, eos_stops = 0;
+  int64_t overlapped = 0, overlapped_prefills = 0, preemptions = 0, eos_stops = 0, chunks = 0, hits = 0;
   for (const Shape& shape : shapes) {
     EngineConfig c = small_config(shape.blocks, shape.block_size, shape.budget, shape.max_seqs);
     c.eos.clear();
     for (int32_t id = 40; id < 80; id++) c.eos.push_back(id);  // 4% of the fake model's tokens
     std::vector<std::vector<int32_t>> prompts;
     std::vector<SamplingParams> ps;
+    const std::vector<int32_t> common = tokens(2 * shape.block_size, 0);  // a shared system prompt
     for (int i = 0; i < 300; i++) {
       std::vector<int32_t> p;
+      if (i % 3 == 1) p = common;
       int extra = 1 + int(rng() % (4 * shape.block_size));
       for (int k = 0; k < extra; k++) p.push_back(10 + int32_t(rng() % 900));
       int max_tokens = 1 + int(rng() % 60);
@@ -440,7 +452,7 @@ TEST(Ch02_Scheduler, StepsScheduledAheadGiveTheSameOutputs) {
       prompts.push_back(p);
       ps.push_back(params(max_tokens, /*ignore_eos=*/i % 2 == 0));
     }
-    RunResult r = run_all(c, prompts, ps, /*overlap=*/true, &overlapped);
+    RunResult r = run_all(c, prompts, ps, /*overlap=*/true, &overlapped, &overlapped_prefills);
     for (size_t i = 0; i < prompts.size(); i++) {
       std::vector<int32_t> t = prompts[i], want;  // the model alone, stopping at any of the EOS ids
       while (int(want.size()) < ps[i].max_tokens) {
@@ -451,10 +463,13 @@ TEST(Ch02_Scheduler, StepsScheduledAheadGiveTheSameOutputs) {
       ASSERT_EQ(r.outputs[i], want) << "request " << i;
       eos_stops += int(want.size()) < ps[i].max_tokens;
     }
-    preemptions += r.preemptions;
+    preemptions += r.preemptions, chunks += r.chunked, hits += r.hit_blocks;
   }
   EXPECT_GT(overlapped, 100) << "schedule_ahead hardly ever scheduled";
+  EXPECT_GT(overlapped_prefills, 10) << "schedule_prefill_ahead hardly ever scheduled";
   EXPECT_GT(preemptions, 10);
+  EXPECT_GT(chunks, 10);
+  EXPECT_GT(hits, 10);
   EXPECT_GT(eos_stops, 0) << "no request stopped at EOS";
 }
 
@@ -482,6 +497,60 @@ TEST(Ch02_Scheduler, ScheduleAheadWaitsForWhatItCannotKnow) {
   Sequence c3(2, tokens(5, 300), params(3), 0, 16);
   scheduler.add(&c3);
   EXPECT_TRUE(scheduler.schedule_ahead(decode).empty()) << "a request waits";
+}
+
+TEST(Ch02_Scheduler, PrefillScheduledAheadOnlyWhereNoFinishCanFreeBlocks) {
+  // A prefill is launched ahead only when schedule() would choose it the same without step n's tokens: a
+  // request waits whose blocks are free, and no sequence whose prompt step n completes can finish at that
+  // token (EOS possible, or its last token), which would free blocks first. Otherwise nothing changes.
+  auto prefill_of = [](Scheduler& s) {
+    auto [batch, is_prefill] = s.schedule();
+    EXPECT_TRUE(is_prefill);
+    return batch;
+  };
+  {  // a's prompt completes in step n and a goes on without EOS: b's prefill is step n + 1
+    Scheduler s(small_config(/*num_blocks=*/10, 16, /*budget=*/32));
+    Sequence a(0, tokens(20, 0), params(10), 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
+    s.add(&a), s.add(&b);
+    std::vector<Sequence*> n = prefill_of(s);
+    ASSERT_EQ(n, std::vector<Sequence*>{&a});  // b's 20 tokens do not fit the 12 left of the budget
+    EXPECT_EQ(s.schedule_prefill_ahead(n), std::vector<Sequence*>{&b});
+    EXPECT_EQ(a.num_cached_tokens, 20);
+    EXPECT_EQ(b.num_scheduled_tokens, 20);
+    s.finish_ahead(n, {11}, /*is_prefill=*/true);
+    EXPECT_EQ(a.num_tokens(), 21);
+    EXPECT_EQ(a.last_token, 11);
+  }
+  for (const SamplingParams& pa : {params(10, /*ignore_eos=*/false), params(1)}) {  // a may finish at its token
+    Scheduler s(small_config(10, 16, 32));
+    Sequence a(0, tokens(20, 0), pa, 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
+    s.add(&a), s.add(&b);
+    std::vector<Sequence*> n = prefill_of(s);
+    EXPECT_TRUE(s.schedule_prefill_ahead(n).empty());
+    EXPECT_EQ(a.num_cached_tokens, 0);  // untouched: postprocess does it all
+    EXPECT_EQ(a.num_scheduled_tokens, 20);
+    EXPECT_EQ(b.num_scheduled_tokens, 0);
+  }
+  {  // a chunk gets no token, so EOS does not matter: a's next chunk (and b) is step n + 1
+    Scheduler s(small_config(10, 16, 32));
+    Sequence a(0, tokens(40, 0), params(10, false), 0, 16), b(1, tokens(10, 100), params(10), 0, 16);
+    s.add(&a), s.add(&b);
+    std::vector<Sequence*> n = prefill_of(s);
+    ASSERT_EQ(n, std::vector<Sequence*>{&a});
+    EXPECT_EQ(s.schedule_prefill_ahead(n), (std::vector<Sequence*>{&a, &b}));
+    EXPECT_EQ(a.num_cached_tokens, 32);
+    EXPECT_EQ(a.num_scheduled_tokens, 8);
+    s.finish_ahead(n, {11}, true);
+    EXPECT_EQ(a.num_tokens(), 40) << "a chunk's sample is dropped";
+  }
+  {  // the waiting request's blocks are not free: nothing ahead
+    Scheduler s(small_config(3, 16, 32));
+    Sequence a(0, tokens(20, 0), params(10), 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
+    s.add(&a), s.add(&b);
+    std::vector<Sequence*> n = prefill_of(s);  // a holds 2 of the 3 blocks; b needs 2
+    EXPECT_TRUE(s.schedule_prefill_ahead(n).empty());
+    EXPECT_EQ(a.num_cached_tokens, 0);
+  }
 }
 
 TEST(Ch02_Scheduler, RandomizedSoak) {

@@ -258,6 +258,37 @@ TEST(E2E_Engine, OverlappedStepsChangeNoOutput) {
   }
 }
 
+TEST(E2E_Engine, PrefillsLaunchedAheadChangeNoOutputNorTheSchedule) {
+  // A prefill launched before the tokens of the prefill ahead of it are read (Scheduler::schedule_prefill_ahead)
+  // against the plain loop: requests that ignore EOS (so none finishes at its first token, and prefills may go
+  // ahead), greedy and sampled, prompts split into chunks by a small budget, in a pool that holds them all and
+  // in one small enough to preempt. The tokens, and the steps and preemptions, must be the plain loop's.
+  Golden g = load_golden("tiny-qwen3-a");
+  std::vector<SamplingParams> params;
+  for (size_t i = 0; i < g.prompts.size(); i++) {
+    SamplingParams p = greedy(4 + int(7 * i % 13));
+    if (i % 2) p.temperature = 0.9f;
+    params.push_back(p);
+  }
+  for (bool tight : {false, true}) {
+    EngineConfig base = config_for("tiny-qwen3-a");
+    base.seed = 3, base.max_num_batched_tokens = 24;
+    if (tight) base.kvcache_block_size = 16, base.num_kvcache_blocks = 40;
+    SCOPED_TRACE(tight ? "small pool" : "default pool");
+    EngineConfig plain_config = base;
+    plain_config.overlap_steps = false;
+    LLMEngine plain(plain_config), overlapped(base);
+    EXPECT_EQ(completions(overlapped.generate(g.prompts, params)), completions(plain.generate(g.prompts, params)));
+    EXPECT_EQ(plain.stats().overlapped_prefill_steps, 0);
+    EXPECT_GT(overlapped.stats().overlapped_prefill_steps, 0) << "no prefill was launched ahead";
+    EXPECT_EQ(overlapped.stats().prefill_steps, plain.stats().prefill_steps);
+    EXPECT_EQ(overlapped.stats().decode_steps, plain.stats().decode_steps);
+    EXPECT_EQ(overlapped.scheduler().num_preemptions(), plain.scheduler().num_preemptions());
+    EXPECT_GT(plain.scheduler().num_chunked_prefills(), 0) << "no prompt was chunked";
+    if (tight) EXPECT_GT(plain.scheduler().num_preemptions(), 0) << "the small pool did not preempt";
+  }
+}
+
 TEST(E2E_Engine, RequestsAddedWhileAStepIsInFlightGetThePlainLoopsTokens) {
   // A caller driving step() itself may add a request between two calls, when the overlapped loop has
   // already launched the next decode step without it. That step runs as launched; the new request waits

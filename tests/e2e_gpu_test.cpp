@@ -331,7 +331,8 @@ TEST(E2E_Gpu, OverlappedStepsGiveThePlainLoopsTokens) {
   // Decode step n + 1 launched before step n's tokens are read (its input tokens taken on the device from
   // the sampler's output, ModelRunner::execute) against the plain loop, under graphs and eager. Requests of
   // different lengths, greedy and sampled: the batches of both loops are the same step by step (a request
-  // ending at max_tokens is left out of the step launched ahead), so the tokens must be identical.
+  // ending at max_tokens is left out of the step launched ahead), so the tokens must be identical. Then the
+  // same with a budget of 24 tokens a step, whose prompts take several prefill steps, launched ahead too.
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   Golden g = load("tiny-qwen3-a");
   std::vector<SamplingParams> params;
@@ -340,22 +341,26 @@ TEST(E2E_Gpu, OverlappedStepsGiveThePlainLoopsTokens) {
     p.temperature = i % 2 ? 0.8f : 0.0f, p.max_tokens = 6 + int(7 * i % 19), p.ignore_eos = true;
     params.push_back(p);
   }
-  for (bool eager : {false, true}) {
-    EngineConfig c = gpu_config("tiny-qwen3-a");
-    c.seed = 9, c.enforce_eager = eager;
-    std::vector<GenerateOutput> want, got;
-    {  // one engine at a time: each takes its share of the GPU's memory
-      c.overlap_steps = false;
-      LLMEngine plain(c);
-      want = plain.generate(g.prompts, params);
-      EXPECT_EQ(plain.stats().overlapped_steps, 0);
+  for (bool small_budget : {false, true}) {
+    for (bool eager : {false, true}) {
+      SCOPED_TRACE(std::string(eager ? "eager" : "graphs") + (small_budget ? ", 24 tokens a step" : ""));
+      EngineConfig c = gpu_config("tiny-qwen3-a");
+      c.seed = 9, c.enforce_eager = eager;
+      if (small_budget) c.max_num_batched_tokens = 24;
+      std::vector<GenerateOutput> want, got;
+      {  // one engine at a time: each takes its share of the GPU's memory
+        c.overlap_steps = false;
+        LLMEngine plain(c);
+        want = plain.generate(g.prompts, params);
+        EXPECT_EQ(plain.stats().overlapped_steps + plain.stats().overlapped_prefill_steps, 0);
+      }
+      c.overlap_steps = true;
+      LLMEngine overlapped(c);
+      got = overlapped.generate(g.prompts, params);
+      for (size_t i = 0; i < want.size(); i++) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "case " << i;
+      EXPECT_GT(overlapped.stats().overlapped_steps, overlapped.stats().decode_steps / 2);
+      if (small_budget) EXPECT_GT(overlapped.stats().overlapped_prefill_steps, overlapped.stats().prefill_steps / 2);
     }
-    c.overlap_steps = true;
-    LLMEngine overlapped(c);
-    got = overlapped.generate(g.prompts, params);
-    for (size_t i = 0; i < want.size(); i++)
-      EXPECT_EQ(got[i].token_ids, want[i].token_ids) << (eager ? "eager" : "graphs") << ", case " << i;
-    EXPECT_GT(overlapped.stats().overlapped_steps, overlapped.stats().decode_steps / 2) << (eager ? "eager" : "graphs");
   }
 }
 

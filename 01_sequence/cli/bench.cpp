@@ -228,6 +228,9 @@ int cmd_bench(const Flags& flags) {
               decode_seconds - queue_seconds - wait_seconds, queue_seconds, wait_seconds);
   std::printf("decode steps launched before the tokens of the step ahead were read: %lld of %lld\n",
               (long long)(s.overlapped_steps - before.overlapped_steps), (long long)decode_steps);
+  std::printf("prefill steps launched before the tokens of the step ahead were read: %lld of %lld\n",
+              (long long)(s.overlapped_prefill_steps - before.overlapped_prefill_steps),
+              (long long)(s.prefill_steps - before.prefill_steps));
   std::printf("preemptions %lld, prefix-cache hit blocks %lld\n", (long long)engine.scheduler().num_preemptions(),
               (long long)engine.scheduler().block_manager().total_hit_blocks());
   if (profiler) {
