@@ -285,7 +285,9 @@ TEST(E2E_Engine, PrefillsLaunchedAheadChangeNoOutputNorTheSchedule) {
     EXPECT_EQ(overlapped.stats().decode_steps, plain.stats().decode_steps);
     EXPECT_EQ(overlapped.scheduler().num_preemptions(), plain.scheduler().num_preemptions());
     EXPECT_GT(plain.scheduler().num_chunked_prefills(), 0) << "no prompt was chunked";
-    if (tight) EXPECT_GT(plain.scheduler().num_preemptions(), 0) << "the small pool did not preempt";
+    if (tight) {
+      EXPECT_GT(plain.scheduler().num_preemptions(), 0) << "the small pool did not preempt";
+    }
   }
 }
 

@@ -359,7 +359,9 @@ TEST(E2E_Gpu, OverlappedStepsGiveThePlainLoopsTokens) {
       got = overlapped.generate(g.prompts, params);
       for (size_t i = 0; i < want.size(); i++) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "case " << i;
       EXPECT_GT(overlapped.stats().overlapped_steps, overlapped.stats().decode_steps / 2);
-      if (small_budget) EXPECT_GT(overlapped.stats().overlapped_prefill_steps, overlapped.stats().prefill_steps / 2);
+      if (small_budget) {
+        EXPECT_GT(overlapped.stats().overlapped_prefill_steps, overlapped.stats().prefill_steps / 2);
+      }
     }
   }
 }
