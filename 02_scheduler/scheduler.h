@@ -47,8 +47,9 @@ class Scheduler {
   // A sequence retired earlier, whose row an overlapped step still computed (below), is passed over.
   void postprocess(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& token_ids, bool is_prefill);
 
-  // Beyond nano-vllm, the overlapped loop (LLMEngine::step, EngineConfig::overlap_steps): decode step n + 1
-  // scheduled while step n runs, before its tokens reach the host.
+  // Beyond nano-vllm, the overlapped loop (LLMEngine::step, EngineConfig::overlap_steps): step n + 1 (a
+  // decode step after a decode step, a prefill after a prefill) scheduled while step n runs, before its
+  // tokens reach the host.
   //
   // schedule_ahead(launched), where `launched` is decode step n: when step n + 1 needs none of step n's
   // tokens to be chosen (nothing waits for a prefill, and every sequence that goes on finds a free block if

@@ -362,13 +362,16 @@ std::vector<Backend::ByteRange> ModelRunner::decode_step_ranges(const Rank& r, i
   return ranges;
 }
 
+Tensor ModelRunner::mirrored_step_bytes(const Rank& r) {
+  // The mirror's bytes, not the device buffer's: the device layout is the mirror's followed by the
+  // sampled tokens, which have no host twin (copying the device size read past the mirror's end).
+  return Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())});
+}
+
 ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context_len) {
   const int T = in.num_tokens(), B = in.num_seqs();
   stage_inputs(r, in);
-  // The mirror's bytes, not the device buffer's: the device layout is the mirror's followed by the
-  // sampled tokens, which have no host twin (copying the device size read past the mirror's end).
-  r.backend->upload_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
-                          r.step_staging.data());
+  r.backend->upload_async(mirrored_step_bytes(r), r.step_staging.data());
 
   ForwardInputs f;
   f.input_ids = r.step.input_ids.slice_rows(0, T);
@@ -464,8 +467,7 @@ void ModelRunner::capture_cuda_graph(Rank& r, int bs) {
   // uses from the host mirror, its last writes the sampled tokens to token_staging_ (rank 0), so that no
   // copy runs between two replays (04_model_runner/NOTES.md section 3, "The step's inputs read by the graph").
   r.backend->begin_capture();
-  r.backend->pull_async(Tensor(r.step_storage.data(), DType::U8, r.backend->device(), {int64_t(r.step_staging.bytes())}),
-                        r.step_staging.data(), decode_step_ranges(r, bs));
+  r.backend->pull_async(mirrored_step_bytes(r), r.step_staging.data(), decode_step_ranges(r, bs));
   execute(r, f, bs);
   if (r.rank == 0) r.backend->push_tokens_async(token_staging_.data(), max_seqs_, r.tokens.slice_rows(0, bs), r.step.token_slot);
   r.graphs.push_back({bs, r.backend->end_capture()});

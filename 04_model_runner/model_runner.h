@@ -144,6 +144,8 @@ class ModelRunner {
   // What a captured decode step of bs rows reads of the step tensors: the first bs rows of each (and the
   // token slot), as byte ranges of step_storage, which the graph pulls from the mirror (Backend::pull_async).
   std::vector<Backend::ByteRange> decode_step_ranges(const Rank& r, int bs) const;
+  // The part of rank r's step_storage the host mirror has a twin of (U8), for upload_async and pull_async.
+  static Tensor mirrored_step_bytes(const Rank& r);
   void allocate_kv_cache(EngineConfig& config);
   // The prefill warm-up (nano-vllm's warmup_model runs one prefill of max_num_batched_tokens): on the GPU,
   // one prefill of each size prefill_warm_up_sizes() gives, so that every power-of-two bucket of rows a
