@@ -1,7 +1,9 @@
 // layers.cu: CUDA kernels for the non-attention layers. Memory-bound, so each is written for one pass
 // over its data with 16-byte accesses; arithmetic is fp32, storage bf16. CPU references: layers_cpu.cpp.
+#include <algorithm>
 #include <cassert>
 
+#include "01_sequence/base/ptx.cuh"
 #include "04_model_runner/layers.h"
 #include "05_attention/qk_norm_rope.cuh"
 
@@ -11,6 +13,9 @@ namespace {
 
 constexpr int kRowThreads = 128;        // one block per row for the row-wise kernels
 constexpr int kMaxChunksPerThread = 8;  // hidden <= 8 * 8 * 128 = 8192
+// From this many rows a call is a prefill's (a decode step has at most max_num_seqs rows, 512 by default):
+// rmsnorm_kernel and qk_norm_rope_store_kernel launch differently for the two (see each launcher).
+constexpr int kPrefillRows = 1024;
 
 __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* ids, int hidden, int vocab_start,
                                  int vocab_size) {
@@ -28,8 +33,11 @@ __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* id
 }
 
 // out = x / rms(x) * w for one row per block; with RESIDUAL, x += residual first and the (rounded) sum is
-// written back to residual.
-template <bool RESIDUAL>
+// written back to residual. CHUNKS: 16-byte chunks a thread holds, at least hidden / (8 * kRowThreads) (1 for
+// hidden 1,024). A compile-time count, so that the registers are those of the row at hand: sized for the
+// largest row (8 chunks) the kernel took 115 registers, 4 blocks an SM, and a prefill's 16,000-row calls
+// ran at two thirds of their bandwidth (04_model_runner/NOTES.md section 13).
+template <bool RESIDUAL, int CHUNKS>
 __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps) {
   // The next kernel may start at once, before this one's wait: it is a projection, which reads nothing but
   // its weights before its own wait, so its weights come in while the projection before this norm ends
@@ -37,19 +45,19 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
   allow_next_kernel();
   // Launched overlapped: the weight is no kernel's output, so it is on its way before the wait (cuda_utils.h)
   // and no longer a round trip after the row's sum.
-  Bf16x8 w_raw[kMaxChunksPerThread];
+  Bf16x8 w_raw[CHUNKS];
 #pragma unroll
-  for (int i = 0; i < kMaxChunksPerThread; i++) {
+  for (int i = 0; i < CHUNKS; i++) {
     int c = threadIdx.x + i * kRowThreads;
     if (c >= hidden / 8) break;
     w_raw[i] = *reinterpret_cast<const Bf16x8*>(weight + 8 * c);
   }
   wait_for_previous_kernel();
   const int64_t base = int64_t(blockIdx.x) * hidden;
-  float v[kMaxChunksPerThread][8];
+  float v[CHUNKS][8];
   float sum_sq = 0;
 #pragma unroll
-  for (int i = 0; i < kMaxChunksPerThread; i++) {
+  for (int i = 0; i < CHUNKS; i++) {
     int c = threadIdx.x + i * kRowThreads;
     if (c >= hidden / 8) break;
     load_bf16x8(x + base + 8 * c, v[i]);
@@ -65,7 +73,7 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
   }
   const float inv_rms = rsqrtf(block_sum<kRowThreads / 32>(sum_sq) / hidden + eps);
 #pragma unroll
-  for (int i = 0; i < kMaxChunksPerThread; i++) {
+  for (int i = 0; i < CHUNKS; i++) {
     int c = threadIdx.x + i * kRowThreads;
     if (c >= hidden / 8) break;
     float w[8];
@@ -96,54 +104,74 @@ __global__ void qk_norm_rope_kernel(bf16* qkv, int64_t row_stride, const bf16* q
   store_head<HEAD_DIM>(x, x1, x2, lane);
 }
 
-// qk_norm_rope_kernel, then 05_attention's store_kvcache_kernel, in one pass: one warp per (token, head)
-// over all three parts of a qkv row, n * (num_heads + 2 * num_kv_heads) warps (Qwen3-0.6B: 16 + 8 + 8 = 32
-// per token).
+// qk_norm_rope_kernel, then 05_attention's store_kvcache_kernel, in one pass: one block per token over all
+// three parts of its qkv row, num_heads + 2 * num_kv_heads heads (Qwen3-0.6B: 16 + 8 + 8 = 32), each head
+// done by one warp, a warp taking heads warp, warp + warps, ...
 //   q head: normed and rotated in place (what attention reads).
 //   k head: normed and rotated, written in place (as qk_norm_rope leaves it: this operation equals the two
 //           it replaces on every output; nobody reads it there, and it costs kv_dim * 2 bytes per token) and
 //           to its cache slot.
 //   v head: copied to its cache slot, bit for bit.
 // slot_mapping[token] = -1 (a padding row of a CUDA graph batch) writes no slot.
-//   qkv (n, row_stride) bf16; k_cache, v_cache (num_slots, num_kv_heads * HEAD_DIM) bf16.
+//   qkv (n, row_stride) bf16, 16-byte aligned rows; k_cache, v_cache (num_slots, num_kv_heads * HEAD_DIM) bf16.
 // What the fusion saves: store_kvcache_kernel's launch, and its read of k and v back from qkv.
+//
+// The row is first copied whole into shared memory (cp.async: no register holds it on the way), then each
+// warp norms its heads from there with the helpers every other path uses (05_attention/qk_norm_rope.cuh), so
+// the bits are those of a warp reading its head from qkv. Why the copy: a warp that loads its own head into
+// registers has 256 bytes in flight, and a prefill's calls (thousands of rows, 04_model_runner/NOTES.md
+// section 13) ran at half their bandwidth with 64 such warps an SM; a block of 4 warps here asks for its
+// 8 KB row at once, and 16 such blocks fit an SM.
 template <int HEAD_DIM>
 __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                                           const int32_t* positions, const float* cos_table, const float* sin_table,
-                                          bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int num_tokens,
-                                          int num_heads, int num_kv_heads, float eps) {
+                                          bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int num_heads,
+                                          int num_kv_heads, float eps) {
+  extern __shared__ uint4 staged_row[];  // (num_heads + 2 * num_kv_heads) * HEAD_DIM bf16: this token's row
   constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
-  const int warp_global = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const int token = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int heads = num_heads + 2 * num_kv_heads;
-  const bool here = warp_global < num_tokens * heads;
-  const int token = here ? warp_global / heads : 0, head = warp_global % heads;
-  bf16* x = qkv + int64_t(token) * row_stride + int64_t(head) * HEAD_DIM;
+  bf16* row = qkv + int64_t(token) * row_stride;
   const int64_t kv_dim = int64_t(num_kv_heads) * HEAD_DIM;
-  const int kv_head = head - num_heads;  // k heads: [0, num_kv_heads); v heads: [num_kv_heads, 2 num_kv_heads)
   // Launched overlapped: the step's inputs (slot, position) and the weights are no kernel's output, so they
   // and the factors of the norm and rotation are loaded before the wait (cuda_utils.h); qkv after it.
-  const int32_t slot = here ? __ldcg(slot_mapping + token) : -1;
-  NormRopeFactors<HEAD_DIM> factors = {};
-  if (here && kv_head < num_kv_heads) {
-    const int64_t position = __ldcg(positions + token);
-    factors = load_norm_rope_factors<HEAD_DIM>(kv_head < 0 ? q_norm : k_norm, cos_table + position * HALF,
-                                               sin_table + position * HALF, lane);
+  const int32_t slot = __ldcg(slot_mapping + token);
+  const int64_t position = __ldcg(positions + token);
+  const float *cos_row = cos_table + position * HALF, *sin_row = sin_table + position * HALF;
+  // q's factors, and k's, which differ from them only in the norm's weight (so the same rotation).
+  const NormRopeFactors<HEAD_DIM> q_factors = load_norm_rope_factors<HEAD_DIM>(q_norm, cos_row, sin_row, lane);
+  NormRopeFactors<HEAD_DIM> k_factors = q_factors;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    k_factors.w1[e] = __bfloat162float(k_norm[lane * PER_LANE + e]);
+    k_factors.w2[e] = __bfloat162float(k_norm[lane * PER_LANE + e + HALF]);
   }
   wait_for_previous_kernel();
   allow_next_kernel();
-  if (!here) return;
 
-  if (kv_head >= num_kv_heads) {  // a v head: a copy
-    if (slot < 0) return;
-    copy_head<HEAD_DIM>(v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM, x, lane);
-    return;
+  const int chunks = heads * HEAD_DIM / 8;  // 16-byte pieces of the row
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) cp_async_16(smem_address(staged_row + c), row + 8 * c, true);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's copies have landed: a warp's heads came in through all the block's threads
+  const bf16* staged = reinterpret_cast<const bf16*>(staged_row);
+
+  for (int head = warp; head < heads; head += warps) {
+    const bf16* x = staged + head * HEAD_DIM;
+    const int kv_head = head - num_heads;  // k heads: [0, num_kv_heads); v heads: [num_kv_heads, 2 num_kv_heads)
+    if (kv_head >= num_kv_heads) {         // a v head: a copy
+      if (slot >= 0) copy_head<HEAD_DIM>(v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM, x, lane);
+      continue;
+    }
+    float x1[PER_LANE], x2[PER_LANE];
+    load_head<HEAD_DIM>(x, x1, x2, lane);
+    if (kv_head < 0)
+      norm_rope_head<HEAD_DIM>(x1, x2, q_factors, eps);
+    else
+      norm_rope_head<HEAD_DIM>(x1, x2, k_factors, eps);
+    store_head<HEAD_DIM>(row + head * HEAD_DIM, x1, x2, lane);
+    if (kv_head >= 0 && slot >= 0) store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
   }
-  float x1[PER_LANE], x2[PER_LANE];
-  load_head<HEAD_DIM>(x, x1, x2, lane);
-  norm_rope_head<HEAD_DIM>(x1, x2, factors, eps);
-  store_head<HEAD_DIM>(x, x1, x2, lane);
-  if (kv_head >= 0 && slot >= 0) store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
 }
 
 __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int inter) {
@@ -227,19 +255,39 @@ void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int
   CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidden, float eps, cudaStream_t stream) {
+// A prefill's rows: rmsnorm_kernel with the fewest chunks a thread (1, 2, 4 or 8) that hold a row of `hidden`,
+// so 16 blocks an SM at hidden 1,024. A decode step's rows: the kernel sized for the largest row, whose 115
+// registers allow 4 blocks an SM. Measured over `bench --random qwen3-0.6b` on the H200 (04_model_runner/NOTES.md
+// section 13): the prefill's norms 24.2 -> 16.9 ms sized to the row, but the decode's 87.6 -> 103.4 ms, the step at
+// 256 rows 7.99 -> 8.10 ms. Why was not measured; a guess: in a step the norm's blocks become resident while
+// the projection before it still runs (launched overlapped), and with room for 16 an SM they crowd onto few SMs.
+template <bool RESIDUAL>
+void launch_rmsnorm(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
+                    cudaStream_t stream) {
   assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
   if (n == 0) return;
-  launch_overlapped(rmsnorm_kernel<false>, n, kRowThreads, 0, stream, out, nullptr, x, weight, hidden, eps);
+  const int chunks = n >= kPrefillRows ? (hidden / 8 + kRowThreads - 1) / kRowThreads : kMaxChunksPerThread;
+  auto launch = [&](auto kernel) {
+    launch_overlapped(kernel, n, kRowThreads, 0, stream, out, residual, x, weight, hidden, eps);
+  };
+  if (chunks <= 1)
+    launch(rmsnorm_kernel<RESIDUAL, 1>);
+  else if (chunks <= 2)
+    launch(rmsnorm_kernel<RESIDUAL, 2>);
+  else if (chunks <= 4)
+    launch(rmsnorm_kernel<RESIDUAL, 4>);
+  else
+    launch(rmsnorm_kernel<RESIDUAL, kMaxChunksPerThread>);
   CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidden, float eps, cudaStream_t stream) {
+  launch_rmsnorm<false>(out, nullptr, x, weight, n, hidden, eps, stream);
 }
 
 void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
                       cudaStream_t stream) {
-  assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
-  if (n == 0) return;
-  launch_overlapped(rmsnorm_kernel<true>, n, kRowThreads, 0, stream, out, residual, x, weight, hidden, eps);
-  CUDA_CHECK_LAUNCH();
+  launch_rmsnorm<true>(out, residual, x, weight, n, hidden, eps, stream);
 }
 
 void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
@@ -271,24 +319,23 @@ void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, 
                              bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
                              int num_kv_heads, int head_dim, float eps, cudaStream_t stream) {
   if (n == 0) return;
-  const int warps = n * (num_heads + 2 * num_kv_heads), warps_per_block = 4;
-  const int blocks = (warps + warps_per_block - 1) / warps_per_block;
+  if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0 || row_stride % 8 != 0)
+    fail("internal: qk_norm_rope_store_cuda needs 16-byte aligned qkv rows (row stride ", row_stride, ")");
+  const int heads = num_heads + 2 * num_kv_heads;
+  // A prefill's thousands of rows: blocks of 4 warps, 16 of them an SM, each with its row in flight. A decode
+  // batch's few: a warp per head, so that no warp norms several heads one after another while SMs idle.
+  const int warps = n >= kPrefillRows ? 4 : std::min(heads, 32);
+  const size_t smem = size_t(heads) * head_dim * sizeof(bf16);
+  auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024)  // above the default limit a kernel must ask for more (one row of a very wide model)
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_overlapped(kernel, unsigned(n), 32 * warps, smem, stream, qkv, row_stride, q_norm, k_norm, positions,
+                      cos_table, sin_table, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, eps);
+  };
   switch (head_dim) {
-    case 64:
-      launch_overlapped(qk_norm_rope_store_kernel<64>, blocks, 32 * warps_per_block, 0, stream,
-          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
-          num_heads, num_kv_heads, eps);
-      break;
-    case 128:
-      launch_overlapped(qk_norm_rope_store_kernel<128>, blocks, 32 * warps_per_block, 0, stream,
-          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
-          num_heads, num_kv_heads, eps);
-      break;
-    case 256:
-      launch_overlapped(qk_norm_rope_store_kernel<256>, blocks, 32 * warps_per_block, 0, stream,
-          qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
-          num_heads, num_kv_heads, eps);
-      break;
+    case 64: launch(qk_norm_rope_store_kernel<64>); break;
+    case 128: launch(qk_norm_rope_store_kernel<128>); break;
+    case 256: launch(qk_norm_rope_store_kernel<256>); break;
     default: fail("head_dim ", head_dim, " is not supported by the CUDA kernels (64, 128, 256)");
   }
   CUDA_CHECK_LAUNCH();

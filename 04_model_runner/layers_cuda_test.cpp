@@ -35,8 +35,10 @@ TEST(Ch04_LayersCuda, EmbeddingWithVocabParallelMask) {
 TEST(Ch04_LayersCuda, RmsNormAndFusedAdd) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(2);
-  for (int hidden : {64, 96, 1024, 4096}) {
-    for (int n : {1, 7, 130}) {
+  // 1, 2, 3 (run with 4), 4 and 8 chunks a thread (rmsnorm_kernel's CHUNKS, sized to the row from 1,024 rows
+  // on, a prefill's), and rows shorter than one.
+  for (int hidden : {64, 96, 1024, 2048, 2560, 4096, 8192}) {
+    for (int n : {1, 7, 130, 1100}) {
       std::vector<float> x = random_bf16_values(size_t(n) * hidden, rng, 3.0f);
       std::vector<float> res = random_bf16_values(size_t(n) * hidden, rng, 3.0f);
       std::vector<float> w = random_bf16_values(size_t(hidden), rng);
@@ -106,7 +108,7 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreFused) {
   std::mt19937 rng(5);
   struct Case { int heads, kv_heads, head_dim; };
   for (Case c : {Case{4, 2, 128}, Case{6, 2, 64}, Case{16, 8, 128}, Case{8, 1, 64}}) {
-    for (int n : {1, 3, 45, 130}) {
+    for (int n : {1, 3, 45, 130, 1030}) {  // 1030: a prefill's launch (4 warps a block, from 1,024 rows)
       const int kv_dim = c.kv_heads * c.head_dim, q_dim = c.heads * c.head_dim, stride = q_dim + 2 * kv_dim;
       const int max_pos = 3000, num_slots = 4 * n + 16;
       const std::string what = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads of " +
