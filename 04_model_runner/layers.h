@@ -75,9 +75,11 @@ void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const 
                        int num_heads, int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
 // qk_norm_rope_cuda and store_kvcache_cuda in one kernel, with the same arithmetic and rounding as the
 // two (the same bits): q, k and v are read once, and k goes to its cache slot without the round trip
-// through qkv. k_cache, v_cache: (num_slots, num_kv_heads * head_dim) bf16, one layer's cache. Launched
-// overlapped, it reads positions and slot_mapping (and the weights) before waiting for the previous
-// kernel: that kernel must not write them (cuda_utils.h; in a step they are the step's upload).
+// through qkv. qkv's rows start 16 bytes apart at least (qkv 16-byte aligned, row_stride a multiple of 8):
+// each is copied into shared memory in 16-byte pieces. k_cache, v_cache: (num_slots, num_kv_heads *
+// head_dim) bf16, one layer's cache. Launched overlapped, it reads positions and slot_mapping (and the
+// weights) before waiting for the previous kernel: that kernel must not write them (cuda_utils.h; in a step
+// they are the step's upload).
 void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                              const int32_t* positions, const float* cos_table, const float* sin_table,
                              bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
