@@ -138,14 +138,9 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
   const int32_t slot = __ldcg(slot_mapping + token);
   const int64_t position = __ldcg(positions + token);
   const float *cos_row = cos_table + position * HALF, *sin_row = sin_table + position * HALF;
-  // q's factors, and k's, which differ from them only in the norm's weight (so the same rotation).
+  // q's factors and k's: the same rotation, each head kind's own norm weight.
   const NormRopeFactors<HEAD_DIM> q_factors = load_norm_rope_factors<HEAD_DIM>(q_norm, cos_row, sin_row, lane);
-  NormRopeFactors<HEAD_DIM> k_factors = q_factors;
-#pragma unroll
-  for (int e = 0; e < PER_LANE; e++) {
-    k_factors.w1[e] = __bfloat162float(k_norm[lane * PER_LANE + e]);
-    k_factors.w2[e] = __bfloat162float(k_norm[lane * PER_LANE + e + HALF]);
-  }
+  const NormRopeFactors<HEAD_DIM> k_factors = load_norm_rope_factors<HEAD_DIM>(k_norm, cos_row, sin_row, lane);
   wait_for_previous_kernel();
   allow_next_kernel();
 

@@ -122,10 +122,10 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                            in the same kernel                                 (linear_prefetch.cu)
 // CudaLinear, what the CUDA backend calls, picks one by n and the engine's linear version:
 //   --linear-version 1   v1 only
-//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above, and above kTunedMaxRows (prefill) v1's
-//                        kernels chosen once per power-of-two bucket of n (CublasLtLinear) instead of
-//                        at every new n
-//   --linear-version 3   as 2, and v3 for kGemvFasterRows < n <= kTunedMaxRows
+//   --linear-version 2   v2 for n <= kGemvFasterRows, v1 above, and v3's timed choice for an output wider
+//                        than kTunedWideOut (the LM head) and above kTunedMaxRows (prefill), where it is
+//                        made once per power-of-two bucket of n (CublasLtLinear)
+//   --linear-version 3   as 2, and v3 for every projection with kGemvFasterRows < n <= kTunedMaxRows
 //   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows (kWgmmaNarrowRows
@@ -140,11 +140,16 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 namespace nanovllm {
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefault = 6;
 
-// The largest n v3 times a choice for. Above it (prefill), the output has enough tiles to fill the GPU,
-// cuBLAS's heuristic does well, and prompts would bring too many distinct shapes to time each one: there
-// CublasLtLinear takes the heuristic's choice per power-of-two bucket, for every version from 2 on (and
-// the model runner's prefill warm-up makes those choices: ModelRunner::warm_up_prefill).
+// The largest n v3 times a choice for by multiples of 16 rows. Above it (prefill), prompts would bring too
+// many distinct shapes to time each one: there CublasLtLinear times one choice per power-of-two bucket, for
+// every version from 2 on (the model runner's prefill warm-up makes those choices:
+// ModelRunner::warm_up_prefill). Measured against cuBLAS's own first choice there (H200, `bench --random
+// qwen3-0.6b`, 04_model_runner/NOTES.md section 11): the prefill's GEMMs 176.6 -> 165.6 ms.
 constexpr int kTunedMaxRows = 512;
+// From version 2 on, a projection with more outputs than this (the LM head) takes v3's timed choice up to
+// kTunedMaxRows too, where v1 would run: the LM head at 256 rows 133.6 -> 126.2 µs a step (H200; the layer
+// projections gained nothing from v3, section 2 of the NOTES).
+constexpr int kTunedWideOut = 16384;
 }  // namespace nanovllm
 
 #ifdef NANOVLLM_CUDA
@@ -327,15 +332,15 @@ void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_f
 // never seen before returns false and the caller runs v1, which is why the model runner runs every decode
 // shape once before capturing (ModelRunner::capture_cuda_graph).
 //
-// Above kTunedMaxRows (prefill) rows is the power of two at or above n, and the choice is not timed: it is
-// the heuristic's first algorithm for that many rows, what cublasGemmEx itself would run there, asked once.
-// cublasGemmEx asks again at every row count it has not seen, which took 0.3-4 ms on the host per new
-// prompt length (04_model_runner/NOTES.md, section 11); here a bucket asks once, and the model runner's
-// warm-up asks for every bucket a prefill can reach (ModelRunner::warm_up_prefill).
+// Above kTunedMaxRows (prefill) rows is the power of two at or above n: the candidates are timed at the
+// first n of the bucket, and the choice serves every n of it. cublasGemmEx chooses again at every row count
+// it has not seen, which took 0.3-4 ms on the host per new prompt length (04_model_runner/NOTES.md, section
+// 11); here a bucket chooses once, and the model runner's warm-up chooses for every bucket a prefill can
+// reach, at its top (ModelRunner::warm_up_prefill).
 //
 // The choices live in one table for the whole process, behind a mutex: two engines in one process run
 // the same algorithm and compute the same bits. Two processes may choose differently when two algorithms
-// time alike (the last bits of the logits then differ); the untimed choices are the same in every process.
+// time alike (the last bits of the logits then differ).
 class CublasLtLinear {
  public:
   static constexpr int kCandidates = 8;

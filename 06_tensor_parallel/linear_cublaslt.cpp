@@ -1,6 +1,6 @@
 // linear_cublaslt.cpp: v3 of the projection, CublasLtLinear: cuBLASLt with the fastest of its candidate
-// algorithms for each shape, timed once; and, above kTunedMaxRows, cuBLAS's own first choice for each
-// power-of-two bucket of rows, made once (the contract is in linear.h).
+// algorithms for each shape, timed once; above kTunedMaxRows, once for each power-of-two bucket of rows
+// (the contract is in linear.h).
 //
 // Why: at decode batch sizes (M = 32 ... 256) cublasGemmEx's default picks big output tiles, and a
 // (256 x 1024) output cut into 128 x 128 tiles is 16 blocks for 132 SMs: o_proj and down_proj ran at
@@ -78,8 +78,8 @@ ChoiceTable& choice_table() {
 }
 
 // The row count of n's choice: up to kTunedMaxRows, n rounded up to a multiple of 16 (the CUDA graph batch
-// sizes above 16 are multiples of 16), timed; above, the power of two at or above n, not timed (one
-// choice serves every prompt length of the bucket; the heuristic is asked about the bucket's top).
+// sizes above 16 are multiples of 16); above, the power of two at or above n (one choice serves every
+// prompt length of the bucket).
 int chosen_rows(int n) {
   if (n <= kTunedMaxRows) return (n + 15) / 16 * 16;
   int rows = kTunedMaxRows;
@@ -141,7 +141,6 @@ bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   const int alignment = std::min(alignment_of(x), std::min(alignment_of(W), alignment_of(y)));
-  const bool timed = n <= kTunedMaxRows;
   const ShapeKey key{device, chosen_rows(n), in_features, out_features, y_is_fp32, alignment};
   Problem p(y_is_fp32, n, in_features, out_features);
   const float alpha = 1.0f, beta = 0.0f;
@@ -179,18 +178,14 @@ bool CublasLtLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, 
                "cublasLtMatmulPreferenceSetAttribute");
     cublasLtMatmulHeuristicResult_t candidates[kCandidates] = {};
     int found = 0;
-    Problem bucket_top(y_is_fp32, key.rows, in_features, out_features);  // untimed: asked about the bucket
-    Problem& asked = timed ? p : bucket_top;
-    if (cublasLtMatmulAlgoGetHeuristic(handle_, &asked.op, &asked.w, &asked.x, &asked.y, &asked.y, &preference,
-                                       timed ? kCandidates : 1, candidates, &found) != CUBLAS_STATUS_SUCCESS)
+    if (cublasLtMatmulAlgoGetHeuristic(handle_, &p.op, &p.w, &p.x, &p.y, &p.y, &preference, kCandidates, candidates,
+                                       &found) != CUBLAS_STATUS_SUCCESS)
       found = 0;
-    if (!timed && found > 0 && candidates[0].state == CUBLAS_STATUS_SUCCESS)
-      choice.found = true, choice.algo = candidates[0].algo;
 
     // L2 (50 MB on an H200) would hold these weights between runs; a decode step reads them from memory.
     // Overwriting a buffer of L2's size (flush_) before each run evicts them.
     float best_ms = FLT_MAX;
-    for (int i = 0; timed && i < found; i++) {
+    for (int i = 0; i < found; i++) {
       if (candidates[i].state != CUBLAS_STATUS_SUCCESS || matmul(candidates[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
       float total_ms = 0;  // the first run above was the warm-up
       for (int r = 0; r < kTimedRuns; r++) {

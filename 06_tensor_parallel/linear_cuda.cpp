@@ -50,10 +50,10 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
     linear_gemv_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
     return;
   }
-  // v3's timed choice up to kTunedMaxRows; above (prefill), cuBLAS's own choice made once per bucket of rows.
-  if (((version_ == 3 && n <= kTunedMaxRows) || (version_ >= 2 && n > kTunedMaxRows)) &&
-      lt_.run(y, y_is_fp32, x, W, n, in_features, out_features))
-    return;
+  // v3's timed choice: up to kTunedMaxRows with version 3, and from version 2 on for the wide outputs (the
+  // LM head) there and for every projection above (prefill), once per bucket of rows.
+  const bool timed = version_ == 3 || (version_ >= 2 && (out_features > kTunedWideOut || n > kTunedMaxRows));
+  if (timed && lt_.run(y, y_is_fp32, x, W, n, in_features, out_features)) return;
   linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
 }
 

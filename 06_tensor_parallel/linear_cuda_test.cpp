@@ -499,7 +499,7 @@ TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
   EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + 1);
 }
 
-TEST(Ch06_LinearCuda, PrefillRowsShareOneUntimedChoicePerPowerOfTwo) {
+TEST(Ch06_LinearCuda, PrefillRowsShareOneChoicePerPowerOfTwo) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(14);
   CudaContext ctx;
@@ -530,6 +530,31 @@ TEST(Ch06_LinearCuda, PrefillRowsShareOneUntimedChoicePerPowerOfTwo) {
                        },
                        Shape{3000, in, out}, rng, "version " + std::to_string(version));
     EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + (version == 1 ? 0 : 2)) << "version " << version;
+  }
+}
+
+TEST(Ch06_LinearCuda, WideOutputsTakeTheTimedChoice) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(15);
+  CudaContext ctx;
+  // An LM head's shape (more outputs than kTunedWideOut), at rows where v1 would run: from version 2 on
+  // CudaLinear times cuBLASLt's candidates once per 16 rows (v3's choice); version 1 asks cuBLAS. A shape
+  // of its own (no other test chooses for it); 17 and 32 rows share one choice.
+  const int in = 128, out = kTunedWideOut + 64;
+  for (int version : {1, kLinearVersionDefault}) {
+    CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, version);
+    const Project run = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+      linear.run(y, fp32, x, W, s.n, s.in, s.out);
+    };
+    const size_t chosen = CublasLtLinear::chosen_shapes();
+    expect_matches_cpu(run, Shape{17, in, out}, rng, "version " + std::to_string(version));
+    EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + (version == 1 ? 0 : 2)) << "version " << version;
+    expect_matches_cpu(run, Shape{32, in, out}, rng, "version " + std::to_string(version));
+    EXPECT_EQ(CublasLtLinear::chosen_shapes(), chosen + (version == 1 ? 0 : 2)) << "the rows of 17-32 share one";
+    if (version != 1) {
+      EXPECT_TRUE(CublasLtLinear::has_choice(17, in, out, true));
+      EXPECT_TRUE(CublasLtLinear::has_choice(17, in, out, false));
+    }
   }
 }
 
