@@ -148,7 +148,7 @@ constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefaul
 constexpr int kTunedMaxRows = 512;
 // From version 2 on, a projection with more outputs than this (the LM head) takes v3's timed choice up to
 // kTunedMaxRows too, where v1 would run: the LM head at 256 rows 133.6 -> 126.2 µs a step (H200; the layer
-// projections gained nothing from v3, section 2 of the NOTES).
+// projections gained nothing from v3: 04_model_runner/NOTES.md section 2).
 constexpr int kTunedWideOut = 16384;
 }  // namespace nanovllm
 
