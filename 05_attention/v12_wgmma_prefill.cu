@@ -21,7 +21,8 @@
 //           blocks an SM). Head dims 64 and 128. On a GPU without wgmma (or code not built for sm_90a) the
 //           dispatch runs v5 instead (attention.cu).
 // Measured: `attention prefill` over bench.py's workload 92 ms (v5) -> 62 ms; 76 ms without the one
-//           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma").
+//           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma"); whole tiles
+//           copied with one address a thread, 66.5 -> 52.8 ms in the eager profile (NOTES.md).
 //
 // ---------------------------------------------------------------------------------------------------
 // The products (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"). Thread t of the
@@ -45,7 +46,7 @@ namespace {
 constexpr int kBr = 64;          // rows per block: one warpgroup's 64, 16 per warp (v5's)
 constexpr int kBc = 64;          // keys per KV tile
 constexpr int kThreads = 128;    // 4 warps: one warpgroup
-constexpr int kBlocksPerSm = 3;  // at most 168 registers a thread (8 bytes spill), as v5
+constexpr int kBlocksPerSm = 3;  // at most 168 registers a thread (no spill since the whole-tile copies), as v5
 
 // The device code below exists in the sm_90a pass only (and in the host pass, which never calls it): the
 // passes for other GPUs compile the kernel empty, and wgmma_prefill_available keeps the dispatch from it.
@@ -71,6 +72,25 @@ __device__ inline void load_kv_tile(const AttentionParams& p, const int32_t* blo
   const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
   const bool whole_tiles = p.block_size % kBc == 0;
   const int64_t first_slot = whole_tiles ? key_slot(block_table, t * kBc, p.block_size) : 0;  // t * kBc < key_end
+  if (whole_tiles && (t + 1) * kBc <= key_end) {
+    // Every key of the tile is valid and in one cache block. A thread's elements are one chunk of keys row0,
+    // row0 + kRowsPerPass, ...: one address worked out, then fixed steps in the cache and in the tile (the
+    // swizzle depends on the row only through row % 8, which the steps keep). A short prompt's blocks spend
+    // most of their issue slots on integer work, and this was most of it (NOTES.md, "v12's copies of whole
+    // tiles with one address a thread").
+    constexpr int kRowsPerPass = kThreads / CHUNKS;
+    static_assert(kRowsPerPass % 8 == 0, "a thread's keys must share their swizzle");
+    const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+    const int64_t offset = (first_slot + row0) * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
+    const uint32_t dst = tile_offset(row0, chunk);
+#pragma unroll
+    for (int k = 0; k < kBc / kRowsPerPass; k++) {
+      cp_async_16(sK + dst + uint32_t(k * kRowsPerPass * 128), p.k_cache + offset + k * kRowsPerPass * kv_dim, true);
+      cp_async_16(sV + dst + uint32_t(k * kRowsPerPass * 128), p.v_cache + offset + k * kRowsPerPass * kv_dim, true);
+    }
+    return;
+  }
+  // The tile that holds key_end - 1, or any tile whose keys may straddle the cache's blocks: key by key.
 #pragma unroll 4
   for (int i = threadIdx.x; i < kBc * CHUNKS; i += kThreads) {
     const int row = i / CHUNKS, chunk = i % CHUNKS, j = t * kBc + row;
