@@ -511,10 +511,10 @@ void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, co
       fail("internal: input rows for a prefill, a batch of another size, or several ranks");
     in.input_rows = input_rows;
   }
-  // Decode replays the CUDA graph of the smallest captured batch that holds B sequences, padded.
+  // Decode replays the CUDA graph of the smallest captured batch that holds B sequences: its inputs are
+  // padded to that batch in place (B keeps the real count).
   const std::pair<int, int>* graph = is_prefill || enforce_eager_ ? nullptr : graph_for(*ranks_[0], B);
-  StepInputs padded = in;
-  if (graph) pad_decode(padded, graph->first);
+  if (graph) pad_decode(in, graph->first);
   // The slot for this step's tokens: the one the step in flight (if any) is not using.
   const int slot = in_flight_.empty() ? 0 : 1 - in_flight_.back().slot;
   // Every rank runs the same step on its own thread (nano-vllm: rank 0 calls "run" on every worker).
@@ -522,7 +522,7 @@ void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, co
     Rank& r = *ranks_[size_t(rank)];
     r.backend->bind_to_thread();
     if (graph) {  // the graph reads the mirror and writes the tokens to the slot itself
-      stage_inputs(r, padded);
+      stage_inputs(r, in);
       *r.staged.token_slot.as<int32_t>() = slot;
       r.backend->replay(graph_for(r, B)->second);
       if (rank == 0) r.backend->record_download_async(slot);

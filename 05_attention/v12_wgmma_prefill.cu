@@ -62,42 +62,46 @@ __device__ inline uint32_t tile_offset(int row, int chunk) {
 
 // K/V tile t (keys 64 t .. 64 t + 63) of KV head kv_head into the K and V tiles at shared addresses sK and
 // sV (HEAD_DIM / 64 blocks each), by all 128 threads with 16-byte cp.async (v5's copies, into wgmma's
-// layout): element i = threadIdx.x + 128 k is key i / CHUNKS, chunk i % CHUNKS. Keys past key_end are zeros.
-// When the cache's blocks hold whole tiles (block_size a multiple of 64, as nano-vllm's 256), a tile's
-// keys are consecutive slots of one block: one block-table read instead of one per key.
+// layout). Keys past key_end are zeros. When the cache's blocks hold whole tiles (block_size a multiple of
+// 64, as nano-vllm's 256), a tile's keys are consecutive slots of one block: one block-table read, and one
+// address a thread. Otherwise element i = threadIdx.x + 128 k is key i / CHUNKS, chunk i % CHUNKS, each
+// key's slot read from the block table.
 template <int HEAD_DIM>
 __device__ inline void load_kv_tile(const AttentionParams& p, const int32_t* block_table, int kv_head, int key_end,
                                     int t, uint32_t sK, uint32_t sV) {
   constexpr int CHUNKS = HEAD_DIM / 8;
   const int64_t kv_dim = int64_t(p.num_kv_heads) * HEAD_DIM;
-  const bool whole_tiles = p.block_size % kBc == 0;
-  const int64_t first_slot = whole_tiles ? key_slot(block_table, t * kBc, p.block_size) : 0;  // t * kBc < key_end
-  if (whole_tiles && (t + 1) * kBc <= key_end) {
-    // Every key of the tile is valid and in one cache block. A thread's elements are one chunk of keys row0,
-    // row0 + kRowsPerPass, ...: one address worked out, then fixed steps in the cache and in the tile (the
-    // swizzle depends on the row only through row % 8, which the steps keep). A short prompt's blocks spend
-    // most of their issue slots on integer work, and this was most of it (NOTES.md, "v12's copies of whole
-    // tiles with one address a thread").
+  if (p.block_size % kBc == 0) {
+    // The tile's keys are slots first_slot .. first_slot + 63 of one cache block. A thread's elements are one
+    // chunk of keys row0, row0 + kRowsPerPass, ...: one address worked out, then fixed steps in the cache and
+    // in the tile (the swizzle depends on the row only through row % 8, which the steps keep). A short
+    // prompt's blocks spend most of their issue slots on integer work, and this was most of it (NOTES.md,
+    // "v12's copies of whole tiles with one address a thread"). In the tile that holds key_end - 1 the keys
+    // from key_end on are zero-filled: their slots are in the same cache block, so the addresses stay
+    // inside the cache, and a copy of size 0 reads nothing from them.
     constexpr int kRowsPerPass = kThreads / CHUNKS;
     static_assert(kRowsPerPass % 8 == 0, "a thread's keys must share their swizzle");
     const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+    const int64_t first_slot = key_slot(block_table, t * kBc, p.block_size);  // t * kBc < key_end
+    const int valid_rows = key_end - t * kBc;  // kBc or more in every tile but the last
     const int64_t offset = (first_slot + row0) * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
     const uint32_t dst = tile_offset(row0, chunk);
 #pragma unroll
     for (int k = 0; k < kBc / kRowsPerPass; k++) {
-      cp_async_16(sK + dst + uint32_t(k * kRowsPerPass * 128), p.k_cache + offset + k * kRowsPerPass * kv_dim, true);
-      cp_async_16(sV + dst + uint32_t(k * kRowsPerPass * 128), p.v_cache + offset + k * kRowsPerPass * kv_dim, true);
+      const bool valid = row0 + k * kRowsPerPass < valid_rows;
+      cp_async_16(sK + dst + uint32_t(k * kRowsPerPass * 128), p.k_cache + offset + k * kRowsPerPass * kv_dim, valid);
+      cp_async_16(sV + dst + uint32_t(k * kRowsPerPass * 128), p.v_cache + offset + k * kRowsPerPass * kv_dim, valid);
     }
     return;
   }
-  // The tile that holds key_end - 1, or any tile whose keys may straddle the cache's blocks: key by key.
+  // Tiles whose keys may straddle the cache's blocks: key by key.
 #pragma unroll 4
   for (int i = threadIdx.x; i < kBc * CHUNKS; i += kThreads) {
     const int row = i / CHUNKS, chunk = i % CHUNKS, j = t * kBc + row;
     const bool valid = j < key_end;
     int64_t offset = 0;  // a key past key_end reads nothing (zero-filled)
     if (valid) {
-      const int64_t slot = whole_tiles ? first_slot + row : key_slot(block_table, j, p.block_size);
+      const int64_t slot = key_slot(block_table, j, p.block_size);
       offset = slot * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
     }
     const uint32_t dst = tile_offset(row, chunk);
