@@ -22,7 +22,8 @@
 //           dispatch runs v5 instead (attention.cu).
 // Measured: `attention prefill` over bench.py's workload 92 ms (v5) -> 62 ms; 76 ms without the one
 //           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma"); whole tiles
-//           copied with one address a thread, 66.5 -> 52.8 ms in the eager profile (NOTES.md).
+//           copied with one address a thread, 66.5 -> 52.8 ms in the eager profile, the last tile too,
+//           51.1 -> 50.5 ms (NOTES.md).
 //
 // ---------------------------------------------------------------------------------------------------
 // The products (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"). Thread t of the

@@ -126,18 +126,37 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v5_tensor_co
   // i % CHUNKS (for head_dim 128: rows tid / 16 + 8 k, chunk tid % 16, k = 0..7).
   // K/V tile t (keys 64 t .. 64 t + 63) into buffer `buf`, through the block table. When the cache's blocks
   // hold whole tiles (block_size a multiple of 64) a tile's keys are consecutive slots of one block: one
-  // table read a tile (NOTES.md, "v5 with one block-table read a tile"); otherwise a tile may span several
-  // blocks, and each key is looked up. Keys past key_end are zeros: masked to weight 0, and
+  // table read a tile (NOTES.md, "v5 with one block-table read a tile") and one address a thread (NOTES.md,
+  // "v5 with v12's whole-tile copies"); otherwise a tile may span several blocks, and each key is looked up. Keys past key_end are zeros: masked to weight 0, and
   // 0 * (uninitialised shared memory) could be NaN.
   const bool whole_tiles = p.block_size % kBc == 0;
   auto load_kv_tile = [&](int t, int buf) {
-    const int64_t first_slot = whole_tiles ? key_slot(block_table, t * kBc, p.block_size) : 0;  // t * kBc < key_end
+    if (whole_tiles) {
+      // A tile is 64 consecutive slots of one block: a thread's chunks are keys row0, row0 + kRowsPerPass,
+      // ..., one address and fixed steps (the swizzle reads the row only through row % 8), keys from key_end
+      // on zero-filled, as v12 (NOTES.md, "v12's copies of whole tiles with one address a thread").
+      constexpr int kRowsPerPass = kThreads / CHUNKS;
+      static_assert(kRowsPerPass % 8 == 0, "a thread's keys must share their swizzle");
+      const int row0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+      const int64_t first_slot = key_slot(block_table, t * kBc, p.block_size);  // t * kBc < key_end
+      const int valid_rows = key_end - t * kBc;
+      const int64_t offset = (first_slot + row0) * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
+      const uint32_t dst = uint32_t(buf * kTileBytes) + tile_offset<HEAD_DIM>(row0, chunk);
+#pragma unroll
+      for (int k = 0; k < kBc / kRowsPerPass; k++) {
+        const bool valid = row0 + k * kRowsPerPass < valid_rows;
+        const uint32_t step = uint32_t(k * kRowsPerPass * HEAD_DIM * 2);
+        cp_async_16(sK + dst + step, p.k_cache + offset + k * kRowsPerPass * kv_dim, valid);
+        cp_async_16(sV + dst + step, p.v_cache + offset + k * kRowsPerPass * kv_dim, valid);
+      }
+      return;
+    }
     for (int i = threadIdx.x; i < kBc * CHUNKS; i += kThreads) {
       const int row = i / CHUNKS, chunk = i % CHUNKS, j = t * kBc + row;
       const bool valid = j < key_end;
       int64_t offset = 0;  // a key past key_end reads nothing (zero-filled)
       if (valid) {
-        const int64_t slot = whole_tiles ? first_slot + row : key_slot(block_table, j, p.block_size);
+        const int64_t slot = key_slot(block_table, j, p.block_size);
         offset = slot * kv_dim + int64_t(kv_head) * HEAD_DIM + 8 * chunk;
       }
       const uint32_t dst = uint32_t(buf * kTileBytes) + tile_offset<HEAD_DIM>(row, chunk);
