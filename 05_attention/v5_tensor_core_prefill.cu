@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v5_tensor_co
   // K/V tile t (keys 64 t .. 64 t + 63) into buffer `buf`, through the block table. When the cache's blocks
   // hold whole tiles (block_size a multiple of 64) a tile's keys are consecutive slots of one block: one
   // table read a tile (NOTES.md, "v5 with one block-table read a tile") and one address a thread (NOTES.md,
-  // "v5 with v12's whole-tile copies"); otherwise a tile may span several blocks, and each key is looked up. Keys past key_end are zeros: masked to weight 0, and
-  // 0 * (uninitialised shared memory) could be NaN.
+  // "v5 with v12's whole-tile copies"); otherwise a tile may span several blocks, and each key is looked up.
+  // Keys past key_end are zeros: masked to weight 0, and 0 * (uninitialised shared memory) could be NaN.
   const bool whole_tiles = p.block_size % kBc == 0;
   auto load_kv_tile = [&](int t, int buf) {
     if (whole_tiles) {
