@@ -1,8 +1,9 @@
 // model_runner.cpp: KV capacity, input preparation, CUDA graphs and the step (nano-vllm: engine/model_runner.py).
 #include "04_model_runner/model_runner.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
+#include <numeric>
 
 #include "01_sequence/base/log.h"
 #include "06_tensor_parallel/all_reduce.h"
@@ -497,19 +498,54 @@ void ModelRunner::download_logits(int num_seqs, std::vector<float>* logits) {
   if (!in_flight_.empty()) fail("internal: logits asked for while a later step is in flight");
   Rank& r0 = *ranks_[0];
   const Tensor step_logits = r0.workspace.logits.slice_rows(0, num_seqs);
-  logits->resize(size_t(step_logits.numel()));
-  r0.backend->download(logits->data(), step_logits);
+  if (collected_order_.size() != size_t(num_seqs)) fail("internal: logits of ", num_seqs, " rows asked for a step of ", collected_order_.size());
+  std::vector<float> device_rows(size_t(step_logits.numel()));
+  r0.backend->download(device_rows.data(), step_logits);
+  const size_t vocab = num_seqs > 0 ? device_rows.size() / size_t(num_seqs) : 0;
+  logits->resize(device_rows.size());
+  for (size_t i = 0; i < collected_order_.size(); i++)  // back in the caller's order
+    std::copy_n(device_rows.begin() + ptrdiff_t(i * vocab), vocab, logits->begin() + ptrdiff_t(size_t(collected_order_[i]) * vocab));
 }
+
+namespace {
+
+// The order in which a step's sequences become the device's rows: row i is seqs[order[i]]. A decode step
+// runs longest context first. Decode attention gives each (sequence, KV head) one block over its whole
+// context, taken in row order, several waves of them at 33-112 sequences; longest first, the grid's last
+// blocks are its shortest, and the SMs run out of work together (longest-processing-time-first list
+// scheduling; 04_model_runner/NOTES.md, section 12). Every row's result is its own, so every token is the
+// same in any order. A prefill keeps the caller's order.
+std::vector<int> device_order(const std::vector<Sequence*>& seqs, bool is_prefill) {
+  std::vector<int> order(seqs.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (!is_prefill)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return seqs[size_t(a)]->num_tokens() > seqs[size_t(b)]->num_tokens(); });
+  return order;
+}
+
+}  // namespace
 
 void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, const std::vector<int32_t>& input_rows) {
   const auto t_start = std::chrono::steady_clock::now();
   if (in_flight_.size() >= 2) fail("internal: a third step launched before the first was collected");
-  StepInputs in = is_prefill ? prepare_prefill(seqs) : prepare_decode(seqs);
+  std::vector<int> order = device_order(seqs, is_prefill);
+  std::vector<Sequence*> rows;
+  for (int i : order) rows.push_back(seqs[size_t(i)]);
+  StepInputs in = is_prefill ? prepare_prefill(rows) : prepare_decode(rows);
   const int B = in.num_seqs();
   if (!input_rows.empty()) {
-    if (is_prefill || input_rows.size() != size_t(B) || ranks_.size() > 1)
-      fail("internal: input rows for a prefill, a batch of another size, or several ranks");
-    in.input_rows = input_rows;
+    if (is_prefill || input_rows.size() != size_t(B) || ranks_.size() > 1 || in_flight_.empty())
+      fail("internal: input rows for a prefill, a batch of another size, several ranks, or no step before");
+    // input_rows are rows of the step in flight in the caller's order; its tokens are in its device order.
+    const std::vector<int>& before = in_flight_.back().order;
+    std::vector<int32_t> device_row(before.size());
+    for (size_t i = 0; i < before.size(); i++) device_row[size_t(before[i])] = int32_t(i);
+    for (int i = 0; i < B; i++) {
+      const int32_t row = input_rows[size_t(order[size_t(i)])];
+      if (row < 0 || size_t(row) >= before.size()) fail("internal: input row ", row, " outside the step before");
+      in.input_rows[size_t(i)] = device_row[size_t(row)];
+    }
   }
   // Decode replays the CUDA graph of the smallest captured batch that holds B sequences: its inputs are
   // padded to that batch in place (B keeps the real count).
@@ -534,7 +570,7 @@ void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, co
     if (rank != 0) r.backend->synchronize();  // the step's collectives finish before the job does
     rank_steps_[size_t(rank)]++;
   });
-  in_flight_.push_back({B, slot});
+  in_flight_.push_back({B, slot, std::move(order)});
   last_run_times_.queue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
@@ -545,7 +581,9 @@ std::vector<int32_t> ModelRunner::collect() {
   in_flight_.pop_front();
   ranks_[0]->backend->wait_for_download_async(step.slot);
   const int32_t* slot = static_cast<int32_t*>(token_staging_.data()) + size_t(step.slot) * max_seqs_;
-  std::vector<int32_t> tokens(slot, slot + step.num_seqs);
+  std::vector<int32_t> tokens(size_t(step.num_seqs));
+  for (size_t i = 0; i < tokens.size(); i++) tokens[size_t(step.order[i])] = slot[i];  // back in the caller's order
+  collected_order_ = step.order;
   last_run_times_.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return tokens;
 }

@@ -63,6 +63,8 @@ class ModelRunner {
   // step launched before the tokens of the step before reached the host, input_rows (B,) gives, for each
   // sequence, the row of that step's batch whose sampled token is its input (its last token on the host is
   // kPendingToken); one rank only (the other ranks have no sampled tokens).
+  // The device may run the sequences in another order (device_order in model_runner.cpp); launch, collect and
+  // download_logits speak of rows in the caller's order.
   void launch(const std::vector<Sequence*>& seqs, bool is_prefill, const std::vector<int32_t>& input_rows = {});
   std::vector<int32_t> collect();
   // The (num_seqs, vocab) logits of the last step collected, when no step has been launched since.
@@ -178,12 +180,15 @@ class ModelRunner {
   std::unique_ptr<RankThreads> threads_;  // one thread per rank; rank 0 is the caller's
   std::vector<int64_t> rank_steps_;
   RunTimes last_run_times_;
-  // Launched steps whose tokens are not collected yet, oldest first: their batch size and the slot of
-  // token_staging_ their tokens are copied to.
+  // Launched steps whose tokens are not collected yet, oldest first: their batch size, the slot of
+  // token_staging_ their tokens are copied to, and their rows' order on the device (device_order: row i
+  // is the caller's sequence order[i]).
   struct InFlight {
     int num_seqs, slot;
+    std::vector<int> order;
   };
   std::deque<InFlight> in_flight_;
+  std::vector<int> collected_order_;  // the order of the step collected last, for download_logits
   Buffer token_staging_;  // (2, max_seqs) i32 on the host (pinned on a GPU): rank 0's sampled tokens, by slot
 };
 

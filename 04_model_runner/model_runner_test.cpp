@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+
 #include "tests/test_util.h"
 
 using namespace nanovllm;
@@ -126,6 +129,55 @@ TEST(Ch04_ModelRunner, PrepareDecodeUsesTheLastSlot) {
   EXPECT_EQ(in.positions, (std::vector<int32_t>{32, 19}));
   EXPECT_EQ(in.slot_mapping, (std::vector<int32_t>{6 * 16 + 0, 0 * 16 + 3}));
   EXPECT_EQ(in.context_lens, (std::vector<int32_t>{33, 20}));  // the current token included
+}
+
+TEST(Ch04_ModelRunner, DecodeRowsComeBackInTheCallersOrder) {
+  // The device runs a decode batch longest context first (device_order in model_runner.cpp). Rows are
+  // independent, so a sequence's token and logits must not depend on where the caller put it: three
+  // sequences of 9, 40 and 21 tokens (one greedy, two sampled), prefilled, then decoded one step in two
+  // caller orders, must give each sequence the same token and the same logits row, in the caller's order.
+  struct Result {
+    int32_t token;
+    std::vector<float> logits;
+  };
+  auto decode_in_order = [](const std::vector<int>& order) {
+    ModelRunner runner = make_runner();
+    const int lengths[3] = {9, 40, 21};
+    std::vector<std::unique_ptr<Sequence>> owned;
+    int next_block = 0;
+    for (int s = 0; s < 3; s++) {
+      SamplingParams p;
+      p.temperature = s == 0 ? 0.0f : 0.8f;
+      owned.push_back(std::make_unique<Sequence>(s, range(3 * s, 3 * s + lengths[s]), p, 100 + s, 16));
+      for (int b = 0; b < (lengths[s] + 1 + 15) / 16; b++) owned.back()->block_table.push_back(next_block++);
+      owned.back()->num_scheduled_tokens = lengths[s];
+    }
+    std::vector<Sequence*> prefill = {owned[0].get(), owned[1].get(), owned[2].get()};
+    const std::vector<int32_t> first = runner.run(prefill, true);
+    for (int s = 0; s < 3; s++) {
+      owned[size_t(s)]->num_cached_tokens = lengths[s];
+      owned[size_t(s)]->num_scheduled_tokens = 1;
+      owned[size_t(s)]->append_token(first[size_t(s)]);
+    }
+    std::vector<Sequence*> batch;
+    for (int s : order) batch.push_back(owned[size_t(s)].get());
+    std::vector<float> logits;
+    const std::vector<int32_t> tokens = runner.run(batch, false, &logits);
+    const size_t vocab = logits.size() / batch.size();
+    std::vector<Result> by_sequence(3);
+    for (size_t i = 0; i < batch.size(); i++)
+      by_sequence[size_t(batch[i]->seq_id)] = {tokens[i], std::vector<float>(logits.begin() + ptrdiff_t(i * vocab),
+                                                                             logits.begin() + ptrdiff_t((i + 1) * vocab))};
+    return by_sequence;
+  };
+  const std::vector<Result> a = decode_in_order({0, 1, 2}), b = decode_in_order({2, 0, 1});
+  for (int s = 0; s < 3; s++) {
+    SCOPED_TRACE("sequence " + std::to_string(s));
+    EXPECT_EQ(a[size_t(s)].token, b[size_t(s)].token);
+    EXPECT_EQ(a[size_t(s)].logits, b[size_t(s)].logits);
+  }
+  EXPECT_NE(a[0].logits, a[1].logits) << "the rows must differ, or a swap would go unseen";
+  EXPECT_NE(a[1].logits, a[2].logits) << "the rows must differ, or a swap would go unseen";
 }
 
 TEST(Ch04_ModelRunner, RejectsABlockTableWiderThanMaxModelLen) {

@@ -22,6 +22,9 @@
 //     ends, so its duration includes its wait; what it adds is what the step pays for it.
 //   per kernel name: calls a replay, their durations summed, what they add summed.
 //   The sums over names come out in this order, largest first: where a step goes.
+//   With TIMELINE_ALL, also per graph (one a decode batch size): its replays, their spans and what decode
+//   attention adds to them, the graphs named by their attention kernel's grid (8 blocks a sequence from 16
+//   sequences on; the graphs of 1-16 sequences all run 128 blocks).
 // Tracing costs the host time at each launch (bench-step's own step time grows), not the GPU's: the
 // replay's span stays within the untraced step time.
 #include <cupti.h>
@@ -174,6 +177,14 @@ void report_all_replays(const std::vector<KernelRecord>& records) {
     double duration = 0, adds = 0;
   };
   std::map<std::string, Total> by_name;
+  // Per graph (one a batch size): its replays, their spans, and what decode attention adds to them; a graph
+  // is named by its attention kernel's grid, which grows with the batch it was captured for.
+  struct PerGraph {
+    long replays = 0;
+    double span = 0, attention = 0;
+    int attention_grid = 0;
+  };
+  std::map<uint32_t, PerGraph> by_graph;
   double span = 0, idle = 0;
   size_t next_outside = 0;
   uint64_t previous_end = 0;
@@ -186,13 +197,17 @@ void report_all_replays(const std::vector<KernelRecord>& records) {
     }
     if (previous_end != 0 && t0 > previous_end) idle += double(t0 - previous_end) * 1e-6;
     uint64_t latest_end = t0;
+    PerGraph& g = by_graph[kernels.front()->graph_id];
     for (const KernelRecord* k : kernels) {
       Total& t = by_name[k->name];
+      const double adds = k->end > latest_end ? double(k->end - latest_end) * 1e-6 : 0.0;
       t.calls++, t.duration += double(k->end - k->start) * 1e-6;
-      t.adds += k->end > latest_end ? double(k->end - latest_end) * 1e-6 : 0.0;
+      t.adds += adds;
+      if (k->name.find("attention") != std::string::npos) g.attention += adds, g.attention_grid = std::max(g.attention_grid, k->grid);
       latest_end = std::max(latest_end, k->end);
     }
     span += double(latest_end - t0) * 1e-6;
+    g.replays++, g.span += double(latest_end - t0) * 1e-6;
     previous_end = latest_end;
   }
   Total outside_total;
@@ -205,6 +220,12 @@ void report_all_replays(const std::vector<KernelRecord>& records) {
   std::printf("%-56s %8s %12s %12s\n", "by kernel, all replays", "calls", "duration ms", "adds ms");
   for (const auto& [name, t] : totals)
     std::printf("%-56s %8ld %12.1f %12.1f\n", name.c_str(), t.calls, t.duration, t.adds);
+  std::vector<PerGraph> graphs;
+  for (const auto& [id, g] : by_graph) graphs.push_back(g);
+  std::sort(graphs.begin(), graphs.end(), [](auto& a, auto& b) { return a.attention_grid < b.attention_grid; });
+  std::printf("%-40s %8s %12s %16s\n", "by graph, named by its attention grid", "replays", "spans ms", "attention adds ms");
+  for (const PerGraph& g : graphs)
+    std::printf("attention grid %-25d %8ld %12.1f %16.1f\n", g.attention_grid, g.replays, g.span, g.attention);
   if (!replays.empty()) report_eager_after(outside, replays.front().front()->start, replays);
 }
 
