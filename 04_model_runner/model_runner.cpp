@@ -498,13 +498,15 @@ void ModelRunner::download_logits(int num_seqs, std::vector<float>* logits) {
   if (!in_flight_.empty()) fail("internal: logits asked for while a later step is in flight");
   Rank& r0 = *ranks_[0];
   const Tensor step_logits = r0.workspace.logits.slice_rows(0, num_seqs);
-  if (collected_order_.size() != size_t(num_seqs)) fail("internal: logits of ", num_seqs, " rows asked for a step of ", collected_order_.size());
+  if (collected_order_.size() != size_t(num_seqs))
+    fail("internal: logits of ", num_seqs, " rows asked for a step of ", collected_order_.size());
   std::vector<float> device_rows(size_t(step_logits.numel()));
   r0.backend->download(device_rows.data(), step_logits);
   const size_t vocab = num_seqs > 0 ? device_rows.size() / size_t(num_seqs) : 0;
   logits->resize(device_rows.size());
   for (size_t i = 0; i < collected_order_.size(); i++)  // back in the caller's order
-    std::copy_n(device_rows.begin() + ptrdiff_t(i * vocab), vocab, logits->begin() + ptrdiff_t(size_t(collected_order_[i]) * vocab));
+    std::copy_n(device_rows.begin() + ptrdiff_t(i * vocab), vocab,
+                logits->begin() + ptrdiff_t(size_t(collected_order_[i]) * vocab));
 }
 
 namespace {

@@ -165,9 +165,10 @@ TEST(Ch04_ModelRunner, DecodeRowsComeBackInTheCallersOrder) {
     const std::vector<int32_t> tokens = runner.run(batch, false, &logits);
     const size_t vocab = logits.size() / batch.size();
     std::vector<Result> by_sequence(3);
-    for (size_t i = 0; i < batch.size(); i++)
-      by_sequence[size_t(batch[i]->seq_id)] = {tokens[i], std::vector<float>(logits.begin() + ptrdiff_t(i * vocab),
-                                                                             logits.begin() + ptrdiff_t((i + 1) * vocab))};
+    for (size_t i = 0; i < batch.size(); i++) {
+      const auto row = logits.begin() + ptrdiff_t(i * vocab);
+      by_sequence[size_t(batch[i]->seq_id)] = {tokens[i], std::vector<float>(row, row + ptrdiff_t(vocab))};
+    }
     return by_sequence;
   };
   const std::vector<Result> a = decode_in_order({0, 1, 2}), b = decode_in_order({2, 0, 1});

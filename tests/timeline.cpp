@@ -203,7 +203,8 @@ void report_all_replays(const std::vector<KernelRecord>& records) {
       const double adds = k->end > latest_end ? double(k->end - latest_end) * 1e-6 : 0.0;
       t.calls++, t.duration += double(k->end - k->start) * 1e-6;
       t.adds += adds;
-      if (k->name.find("attention") != std::string::npos) g.attention += adds, g.attention_grid = std::max(g.attention_grid, k->grid);
+      if (k->name.find("attention") != std::string::npos)
+        g.attention += adds, g.attention_grid = std::max(g.attention_grid, k->grid);
       latest_end = std::max(latest_end, k->end);
     }
     span += double(latest_end - t0) * 1e-6;
@@ -223,7 +224,8 @@ void report_all_replays(const std::vector<KernelRecord>& records) {
   std::vector<PerGraph> graphs;
   for (const auto& [id, g] : by_graph) graphs.push_back(g);
   std::sort(graphs.begin(), graphs.end(), [](auto& a, auto& b) { return a.attention_grid < b.attention_grid; });
-  std::printf("%-40s %8s %12s %16s\n", "by graph, named by its attention grid", "replays", "spans ms", "attention adds ms");
+  std::printf("%-40s %8s %12s %16s\n", "by graph, named by its attention grid", "replays", "spans ms",
+              "attention adds ms");
   for (const PerGraph& g : graphs)
     std::printf("attention grid %-25d %8ld %12.1f %16.1f\n", g.attention_grid, g.replays, g.span, g.attention);
   if (!replays.empty()) report_eager_after(outside, replays.front().front()->start, replays);
