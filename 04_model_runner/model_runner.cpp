@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <utility>
 
 #include "01_sequence/base/log.h"
 #include "06_tensor_parallel/all_reduce.h"
@@ -579,13 +580,13 @@ void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, co
 std::vector<int32_t> ModelRunner::collect() {
   if (in_flight_.empty()) fail("internal: collect() with no step in flight");
   const auto t_start = std::chrono::steady_clock::now();
-  const InFlight step = in_flight_.front();
+  InFlight step = std::move(in_flight_.front());  // its order is kept below for download_logits
   in_flight_.pop_front();
   ranks_[0]->backend->wait_for_download_async(step.slot);
   const int32_t* slot = static_cast<int32_t*>(token_staging_.data()) + size_t(step.slot) * max_seqs_;
   std::vector<int32_t> tokens(size_t(step.num_seqs));
   for (size_t i = 0; i < tokens.size(); i++) tokens[size_t(step.order[i])] = slot[i];  // back in the caller's order
-  collected_order_ = step.order;
+  collected_order_ = std::move(step.order);
   last_run_times_.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return tokens;
 }
