@@ -501,10 +501,16 @@ void ModelRunner::download_logits(int num_seqs, std::vector<float>* logits) {
   const Tensor step_logits = r0.workspace.logits.slice_rows(0, num_seqs);
   if (collected_order_.size() != size_t(num_seqs))
     fail("internal: logits of ", num_seqs, " rows asked for a step of ", collected_order_.size());
+  logits->resize(size_t(step_logits.numel()));
+  bool in_callers_order = true;  // a prefill, or a decode batch already longest first: no reordering
+  for (size_t i = 0; i < collected_order_.size(); i++) in_callers_order &= collected_order_[i] == int(i);
+  if (in_callers_order) {
+    r0.backend->download(logits->data(), step_logits);
+    return;
+  }
   std::vector<float> device_rows(size_t(step_logits.numel()));
   r0.backend->download(device_rows.data(), step_logits);
-  const size_t vocab = num_seqs > 0 ? device_rows.size() / size_t(num_seqs) : 0;
-  logits->resize(device_rows.size());
+  const size_t vocab = device_rows.size() / size_t(num_seqs);  // num_seqs > 0: the order is not the identity
   for (size_t i = 0; i < collected_order_.size(); i++)  // back in the caller's order
     std::copy_n(device_rows.begin() + ptrdiff_t(i * vocab), vocab,
                 logits->begin() + ptrdiff_t(size_t(collected_order_[i]) * vocab));
