@@ -502,9 +502,9 @@ void ModelRunner::download_logits(int num_seqs, std::vector<float>* logits) {
   if (collected_order_.size() != size_t(num_seqs))
     fail("internal: logits of ", num_seqs, " rows asked for a step of ", collected_order_.size());
   logits->resize(size_t(step_logits.numel()));
-  bool in_callers_order = true;  // a prefill, or a decode batch already longest first: no reordering
-  for (size_t i = 0; i < collected_order_.size(); i++) in_callers_order &= collected_order_[i] == int(i);
-  if (in_callers_order) {
+  // A permutation is the identity exactly when it is sorted: a prefill, or a decode batch already longest
+  // first, needs no reordering.
+  if (std::is_sorted(collected_order_.begin(), collected_order_.end())) {
     r0.backend->download(logits->data(), step_logits);
     return;
   }
