@@ -68,7 +68,7 @@ deps_02 := 03
 deps_03 :=
 deps_04 := 05 06 07
 deps_05 :=
-deps_06 :=
+deps_06 := 07
 deps_07 :=
 
 BASE_DIR := 01_sequence/base

@@ -207,6 +207,17 @@ class Backend {
   virtual void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) = 0;
   // tokens (m,) i32 from logits (m, vocab) F32 and settings (m,) SamplingRow (stored as U8 bytes).
   virtual void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) = 0;
+  // The LM head and the sampler in one kernel, where a backend has one for this many rows (the GPU with
+  // linear version 6 or more at 9-128 rows: 06_tensor_parallel's linear_sample_cuda): tokens (m,) i32 as
+  // sample(tokens, logits, rows) after linear(logits, x, weight) would give them from that kernel's own
+  // products, x (m, in) act, weight (vocab, in), rows (m,) SamplingRow. logits (m, vocab) F32 receives only
+  // the rows that ask for top-k or top-p, or every row with all_logits. Only with one rank (with more, each
+  // holds a shard of the vocabulary, gathered before sampling).
+  virtual bool fuses_linear_sample(int64_t /*rows*/) const { return false; }
+  virtual void linear_sample(const Tensor& /*tokens*/, const Tensor& /*logits*/, const Tensor& /*x*/,
+                             const Tensor& /*weight*/, const Tensor& /*rows*/, bool /*all_logits*/) {
+    fail("internal: linear_sample on a backend that does not fuse (see fuses_linear_sample)");
+  }
 
  protected:
   RankGroup group_;

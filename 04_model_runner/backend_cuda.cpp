@@ -52,6 +52,9 @@ class CudaBackend final : public Backend {
     cublasSetWorkspace(cublas_, cublas_workspace_.data(), cublas_workspace_.bytes());
     linear_ = std::make_unique<CudaLinear>(cublas_, stream_, cublas_workspace_.data(), cublas_workspace_.bytes(),
                                            linear_version);
+    // linear_sample's per-row keys and flags, zero between calls (each call leaves them so).
+    sample_keys_ = Buffer(Device::CUDA, kWgmmaSampleMaxRows * (sizeof(unsigned long long) + sizeof(int)));
+    CUDA_CHECK(cudaMemset(sample_keys_.data(), 0, sample_keys_.bytes()));
   }
   ~CudaBackend() override {
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
@@ -273,6 +276,16 @@ class CudaBackend final : public Backend {
     sample_cuda(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),
                 rows.as<const SamplingRow>(), stream_);
   }
+  bool fuses_linear_sample(int64_t rows) const override { return linear_->fuses_sample(int(rows)); }
+  void linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
+                     const Tensor& rows, bool all_logits) override {
+    assert(x.row_size() == weight.shape[1] && logits.row_size() == weight.shape[0] && x.rows() == tokens.numel());
+    if (x.rows() > kWgmmaSampleMaxRows) fail("internal: linear_sample of ", x.rows(), " rows");
+    auto* keys = static_cast<unsigned long long*>(sample_keys_.data());
+    linear_->run_sample(i32(tokens), f32(logits), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
+                        int(weight.shape[0]), rows.as<const SamplingRow>(), keys,
+                        reinterpret_cast<int*>(keys + kWgmmaSampleMaxRows), all_logits);
+  }
 
  private:
   // rmsnorm_linear, linear_add and silu_linear_add: y (n, out) = or += the projection of x as `fusion` says.
@@ -292,6 +305,7 @@ class CudaBackend final : public Backend {
   // (pull_flag_, pinned host memory the pull kernel writes), how many graphs that pull were replayed, and
   // which graphs pull (graph_pulls_, by graph id; capture_pulls_ while one is captured).
   Buffer pull_counter_, pull_flag_;
+  Buffer sample_keys_;  // linear_sample: (kWgmmaSampleMaxRows,) u64 keys, then as many i32 flags
   int64_t pulls_replayed_ = 0;
   std::vector<bool> graph_pulls_;
   bool capture_pulls_ = false;

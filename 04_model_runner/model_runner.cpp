@@ -482,6 +482,13 @@ void ModelRunner::execute(Rank& r, const ForwardInputs& f, int num_seqs) {
   if (!f.attention.is_prefill)
     r.backend->take_sampled_tokens(f.input_ids, r.tokens, r.step.input_rows.slice_rows(0, f.input_ids.numel()));
   r.model->forward_hidden(*r.backend, f, r.workspace, r.k_caches, r.v_caches);
+  // One rank whose backend has the LM head with the sampler in its kernel for this many rows: the tokens
+  // come straight from the hidden states (the logits are written only where download_logits asks again).
+  if (r.model->samples_in_lm_head(*r.backend, num_seqs)) {
+    r.model->sample_in_lm_head(*r.backend, f, r.workspace, r.tokens.slice_rows(0, num_seqs),
+                               r.step.sampling.slice_rows(0, num_seqs), num_seqs);
+    return;
+  }
   r.model->compute_logits(*r.backend, f, r.workspace, num_seqs);
   if (r.rank == 0)  // rank 0 samples from the gathered logits (nano-vllm: the sampler runs on rank 0)
     r.backend->sample(r.tokens.slice_rows(0, num_seqs), r.workspace.logits.slice_rows(0, num_seqs),
@@ -501,6 +508,11 @@ void ModelRunner::download_logits(int num_seqs, std::vector<float>* logits) {
   const Tensor step_logits = r0.workspace.logits.slice_rows(0, num_seqs);
   if (collected_order_.size() != size_t(num_seqs))
     fail("internal: logits of ", num_seqs, " rows asked for a step of ", collected_order_.size());
+  // A step sampled in the LM head's kernel wrote no logits: the same kernel writes them now from the
+  // hidden states the step left (nothing has run since), the same products its tokens came from.
+  if (collected_sampled_in_lm_head_)
+    r0.model->logits_of_sampled_step(*r0.backend, collected_is_prefill_, r0.workspace, r0.tokens.slice_rows(0, num_seqs),
+                                     r0.step.sampling.slice_rows(0, num_seqs), num_seqs);
   logits->resize(size_t(step_logits.numel()));
   // A permutation is the identity exactly when it is sorted: a prefill, or a decode batch already longest
   // first, needs no reordering.
@@ -579,7 +591,9 @@ void ModelRunner::launch(const std::vector<Sequence*>& seqs, bool is_prefill, co
     if (rank != 0) r.backend->synchronize();  // the step's collectives finish before the job does
     rank_steps_[size_t(rank)]++;
   });
-  in_flight_.push_back({B, slot, std::move(order)});
+  // Which way the step samples (execute): decided by the rows the step computes, the graph's when it replays one.
+  const bool sampled_in_lm_head = ranks_[0]->model->samples_in_lm_head(*ranks_[0]->backend, graph ? graph->first : B);
+  in_flight_.push_back({B, slot, std::move(order), is_prefill, sampled_in_lm_head});
   last_run_times_.queue_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 }
 
@@ -593,6 +607,7 @@ std::vector<int32_t> ModelRunner::collect() {
   std::vector<int32_t> tokens(size_t(step.num_seqs));
   for (size_t i = 0; i < tokens.size(); i++) tokens[size_t(step.order[i])] = slot[i];  // back in the caller's order
   collected_order_ = std::move(step.order);
+  collected_is_prefill_ = step.is_prefill, collected_sampled_in_lm_head_ = step.sampled_in_lm_head;
   last_run_times_.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return tokens;
 }

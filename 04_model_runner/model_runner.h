@@ -186,9 +186,12 @@ class ModelRunner {
   struct InFlight {
     int num_seqs, slot;
     std::vector<int> order;
+    bool is_prefill;
+    bool sampled_in_lm_head;  // its tokens came from the LM head's kernel: no logits were written
   };
   std::deque<InFlight> in_flight_;
   std::vector<int> collected_order_;  // the order of the step collected last, for download_logits
+  bool collected_is_prefill_ = false, collected_sampled_in_lm_head_ = false;  // the same step's
   Buffer token_staging_;  // (2, max_seqs) i32 on the host (pinned on a GPU): rank 0's sampled tokens, by slot
 };
 

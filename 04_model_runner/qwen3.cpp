@@ -229,13 +229,27 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
   b.add_rmsnorm(normed, residual, hidden, weights_.norm, eps);
 }
 
+Tensor Qwen3Model::lm_head_input(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs) {
+  const Tensor last = lm_head_rows(in.attention.is_prefill, ws, num_seqs);
+  // Only the last token of each sequence reaches the LM head (nano-vllm ParallelLMHead).
+  if (in.attention.is_prefill) b.gather_rows(last, ws.normed, in.last_token_rows.slice_rows(0, num_seqs));
+  return last;
+}
+
+void Qwen3Model::sample_in_lm_head(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const Tensor& tokens,
+                                   const Tensor& sampling, int num_seqs) {
+  b.linear_sample(tokens, ws.logits.slice_rows(0, num_seqs), lm_head_input(b, in, ws, num_seqs), weights_.lm_head,
+                  sampling, /*all_logits=*/false);
+}
+
+void Qwen3Model::logits_of_sampled_step(Backend& b, bool is_prefill, const Qwen3Workspace& ws, const Tensor& tokens,
+                                        const Tensor& sampling, int num_seqs) {
+  b.linear_sample(tokens, ws.logits.slice_rows(0, num_seqs), lm_head_rows(is_prefill, ws, num_seqs), weights_.lm_head,
+                  sampling, /*all_logits=*/true);
+}
+
 void Qwen3Model::compute_logits(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs) {
-  Tensor last = ws.normed.slice_rows(0, num_seqs);
-  if (in.attention.is_prefill) {
-    // Only the last token of each sequence reaches the LM head (nano-vllm ParallelLMHead).
-    last = ws.last_hidden.slice_rows(0, num_seqs);
-    b.gather_rows(last, ws.normed, in.last_token_rows.slice_rows(0, num_seqs));
-  }
+  const Tensor last = lm_head_input(b, in, ws, num_seqs);
   if (tp_.tp_size == 1) {
     b.linear(ws.logits.slice_rows(0, num_seqs), last, weights_.lm_head);
   } else {

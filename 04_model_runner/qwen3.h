@@ -89,6 +89,19 @@ class Qwen3Model {
   // last_token_rows; decode: every row is one sequence). With tp > 1 each rank scores its vocabulary
   // shard into ws.logits_shard and rank 0 gathers them (nano-vllm's ParallelLMHead).
   void compute_logits(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs);
+  // The same LM head with the sampler in its kernel, where the backend has one for num_seqs rows and there
+  // is one rank (samples_in_lm_head; Backend::linear_sample): tokens (B,) straight from the final hidden
+  // states; ws.logits receives only the rows that ask for top-k or top-p.
+  bool samples_in_lm_head(const Backend& backend, int num_seqs) const {
+    return tp_.tp_size == 1 && backend.fuses_linear_sample(num_seqs);
+  }
+  void sample_in_lm_head(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws, const Tensor& tokens,
+                         const Tensor& sampling, int num_seqs);
+  // After sample_in_lm_head, with nothing run since: ws.logits rows [0, B) written by the same kernel, the
+  // same products the tokens were sampled from (ModelRunner::download_logits; the tokens are written again,
+  // the same).
+  void logits_of_sampled_step(Backend& backend, bool is_prefill, const Qwen3Workspace& ws, const Tensor& tokens,
+                              const Tensor& sampling, int num_seqs);
 
   const ModelConfig& config() const { return config_; }
   size_t weight_bytes() const {
@@ -105,6 +118,13 @@ class Qwen3Model {
   TensorParallelLayout tp_;
   int tp_rank_;
   HeadLayout heads_;  // this rank's heads
+
+  // The LM head's input, one row a sequence: ws.normed's rows (decode) or ws.last_hidden's (prefill, where
+  // lm_head_input gathers them first).
+  Tensor lm_head_input(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs);
+  static Tensor lm_head_rows(bool is_prefill, const Qwen3Workspace& ws, int num_seqs) {
+    return (is_prefill ? ws.last_hidden : ws.normed).slice_rows(0, num_seqs);
+  }
 };
 
 }  // namespace nanovllm

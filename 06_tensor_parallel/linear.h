@@ -131,8 +131,9 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows (kWgmmaNarrowRows
 //                        for a projection with at most kWgmmaNarrowOut outputs) where it runs
 //                        (linear_wgmma_available; cuBLAS elsewhere), and the MLP's gate_up with its
-//                        SiLU in one kernel (v2, v5 or v6) up to kWgmmaSiluRows (CudaLinear::fuses_silu):
-//                        the default, the fastest measured
+//                        SiLU in one kernel (v2, v5 or v6) up to kWgmmaSiluRows (CudaLinear::fuses_silu),
+//                        and the LM head with the sampler in v6's ending from kWgmmaSampleMinRows to
+//                        kWgmmaSampleMaxRows (CudaLinear::fuses_sample): the default, the fastest measured
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
@@ -159,6 +160,7 @@ constexpr int kTunedWideOut = 16384;
 #include <cstddef>
 
 #include "01_sequence/base/cuda_utils.h"
+#include "07_sampler/sampler.h"
 
 namespace nanovllm {
 
@@ -288,6 +290,24 @@ int linear_wgmma_clusters_per_wave(const LinearWgmmaPlan& plan);
 // same bits as linear_wgmma_cuda followed by silu_and_mul_cuda (04_model_runner/layers.h), in one kernel.
 void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
                             cudaStream_t stream);
+// v6 with the sampler in its ending: the LM head's logits x W^T (n, vocab) sampled where each block computes
+// its tile, without writing them (07_sampler/sample_tile.cuh scores a tile into per-row keys, and
+// sample_from_keys_cuda turns the keys into tokens and samples the top-k / top-p rows again). tokens (n,)
+// as sample_cuda gives them from those logits; logits (n, vocab) fp32 receives only the rows that ask for
+// top-k or top-p, or every row with all_logits. best_keys (n,) and broken (n,) must be zero, and are again
+// after the call. One block of 64 or 128 rows per 128 vocabulary entries, two blocks an SM.
+void linear_sample_cuda(int32_t* tokens, float* logits, const bf16* x, const bf16* W, int n, int in_features,
+                        int vocab, const SamplingRow* rows, unsigned long long* best_keys, int* broken,
+                        bool all_logits, cudaStream_t stream);
+// Whether linear_sample_cuda takes these operands: a GPU with v6, 1 to kWgmmaSampleMaxRows rows, and x and W
+// as linear_split_k_fits wants them.
+constexpr int kWgmmaSampleMaxRows = 128;
+bool linear_sample_fits(const bf16* x, const bf16* W, int n, int in_features);
+// CudaLinear samples in the LM head's kernel from this many rows up to kWgmmaSampleMaxRows (fuses_sample): measured on
+// the H200 against cuBLAS's fp32 logits + sample_cuda, 20 calls in a CUDA graph (04_model_runner/NOTES.md,
+// section 5): 92 against 100 µs at 16 rows, 111 against 134 at 64, 126 against 171 at 128; at 256 rows no
+// faster. Below 9 rows the LM head is v2's or v5's GEMV.
+constexpr int kWgmmaSampleMinRows = 9;
 
 // v7: for 1 <= n <= kPrefetchMaxRows (linear_prefetch.cu). Every warp's weight rows are copied whole into
 // shared memory by the copy engine before the kernel waits for the previous one, so they stream while the
@@ -393,6 +413,13 @@ class CudaLinear {
     return n <= kGemvMmaFasterRows || (n <= kWgmmaSiluRows && linear_wgmma_available());
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
+  // Whether n rows of the LM head take the sampler into their kernel (version 6 or more, kWgmmaSampleMinRows <=
+  // n <= kWgmmaSampleMaxRows, a GPU with v6); run_sample is then linear_sample_cuda.
+  bool fuses_sample(int n) const {
+    return version_ >= 6 && n >= kWgmmaSampleMinRows && n <= kWgmmaSampleMaxRows && linear_wgmma_available();
+  }
+  void run_sample(int32_t* tokens, float* logits, const bf16* x, const bf16* W, int n, int in_features, int vocab,
+                  const SamplingRow* rows, unsigned long long* best_keys, int* broken, bool all_logits);
 
  private:
   // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to max_rows, a layer

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "06_tensor_parallel/linear.h"
+#include "07_sampler/sampler_top_k_top_p.h"
 #include "tests/cuda_test_util.h"
 
 using namespace nanovllm;
@@ -286,6 +287,91 @@ TEST(Ch06_LinearCuda, WgmmaWithSiluMatchesCpuAndItsOwnProjection) {  // v6, the 
   // Qwen3-0.6B's gate_up split over a cluster or not, by rows; the tiny model's in one stage.
   for (int n : {9, 17, 40, 48, 64, 129})
     for (Shape s : silu_shapes(n)) expect_silu_matches(v6_silu, v6, s, ctx.stream, rng, "v6 + silu");
+}
+
+// v6 with the sampler in its ending. Truths: its logits (all_logits) against linear_cpu, and its tokens
+// against 07_sampler's CPU reference over those same logits (sample_row_cpu; sample_row_top_k_top_p_cpu for
+// the rows sample_top_k_top_p_cuda samples), exactly. Rows: greedy, three temperatures, top-k, top-p, and a
+// row whose input holds +Inf (its logits are not finite: token -1). Then without all_logits: the same
+// tokens, logits written for the top-k and top-p rows only; then the next token's draws, which find the
+// per-row keys zeroed by the call before.
+TEST(Ch06_LinearCuda, SampleInTheEndingMatchesCpuOverItsOwnLogits) {
+  SKIP_WITHOUT_GPU();
+  if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
+  std::mt19937 rng(18);
+  CudaContext ctx;
+  for (Shape s : {Shape{9, 1024, 20011}, Shape{64, 1024, 3000}, Shape{65, 200, 4096}, Shape{128, 96, 1000},
+                  Shape{1, 1024, 5003}}) {
+    const std::string what = "v6 + sampling " + name(s);
+    std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng);
+    if (s.n > 2) x[size_t(2) * s.in + 5] = INFINITY;  // row 2: non-finite logits
+    std::vector<float> w = random_bf16_values(size_t(s.out) * s.in, rng, 2.0f / std::sqrt(float(s.in)));
+    std::vector<SamplingRow> rows(size_t(s.n));
+    for (int r = 0; r < s.n; r++) {
+      const float temperatures[4] = {0.0f, 0.6f, 1.0f, 1.5f};
+      rows[size_t(r)] = SamplingRow{temperatures[r % 4], r % 7 == 3 ? 20 : 0, r % 7 == 5 ? 0.8f : 1.0f,
+                                    uint64_t(1000 + r), uint64_t(40 + r)};
+    }
+    DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w));
+    DeviceArray<float> d_logits(size_t(s.n) * s.out);
+    DeviceArray<SamplingRow> d_rows(rows);
+    DeviceArray<int32_t> d_tokens(size_t(s.n));
+    DeviceArray<unsigned long long> d_keys(size_t(s.n));
+    DeviceArray<int> d_broken(size_t(s.n));
+    CUDA_CHECK(cudaMemset(d_keys.ptr, 0, sizeof(unsigned long long) * s.n));
+    CUDA_CHECK(cudaMemset(d_broken.ptr, 0, sizeof(int) * s.n));
+    CUDA_CHECK(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
+    const auto sample = [&](bool all_logits) {
+      linear_sample_cuda(d_tokens.ptr, d_logits.ptr, d_x.ptr, d_w.ptr, s.n, s.in, s.out, d_rows.ptr, d_keys.ptr,
+                         d_broken.ptr, all_logits, ctx.stream);
+      CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+      return d_tokens.get();
+    };
+    const auto cpu_tokens = [&](const std::vector<float>& logits) {
+      std::vector<int32_t> tokens(size_t(s.n));
+      for (int r = 0; r < s.n; r++) {
+        const float* row = logits.data() + size_t(r) * s.out;
+        tokens[size_t(r)] = is_top_k_top_p_row(rows[size_t(r)], s.out) ? sample_row_top_k_top_p_cpu(row, s.out, rows[size_t(r)])
+                                                                       : sample_row_cpu(row, s.out, rows[size_t(r)]);
+      }
+      return tokens;
+    };
+    const std::vector<int32_t> tokens = sample(true);
+    const std::vector<float> logits = d_logits.get();
+    std::vector<float> want(logits.size());
+    linear_cpu(want.data(), x.data(), w.data(), s.n, s.in, s.out);
+    std::vector<float> finite_got, finite_want;  // the rows without the +Inf input
+    for (int r = 0; r < s.n; r++)
+      if (r != 2 || s.n <= 2)
+        for (int j = 0; j < s.out; j++)
+          finite_got.push_back(logits[size_t(r) * s.out + j]), finite_want.push_back(want[size_t(r) * s.out + j]);
+    EXPECT_LE(rel_error(finite_got, finite_want), 1e-4) << what << ": logits";
+    EXPECT_EQ(tokens, cpu_tokens(logits)) << what << ": tokens against the CPU sampler over the same logits";
+    if (s.n > 2) EXPECT_EQ(tokens[2], -1) << what << ": a row of non-finite logits";
+
+    d_logits.poison();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(sample(false), tokens) << what << ": without all_logits";
+    const std::vector<float> some = d_logits.get();
+    for (int r = 0; r < s.n; r++) {
+      const bool written = is_top_k_top_p_row(rows[size_t(r)], s.out);
+      for (int j = 0; j < s.out; j += 97) {
+        const float got = some[size_t(r) * s.out + j], full = logits[size_t(r) * s.out + j];
+        if (written) {
+          EXPECT_TRUE(got == full || (std::isnan(got) && std::isnan(full))) << what << ": row " << r << " entry " << j;
+        } else {
+          EXPECT_TRUE(std::isnan(got)) << what << ": logits written for row " << r << ", which needs none";
+        }
+      }
+    }
+    for (SamplingRow& row : rows) row.step++;
+    CUDA_CHECK(cudaMemcpy(d_rows.ptr, rows.data(), sizeof(SamplingRow) * rows.size(), cudaMemcpyHostToDevice));
+    EXPECT_EQ(sample(false), cpu_tokens(logits)) << what << ": the next token's draws";
+  }
+  EXPECT_FALSE(linear_sample_fits(nullptr, nullptr, kWgmmaSampleMaxRows + 1, 1024));
+  DeviceArray<bf16> x{size_t(129) * 1024}, W{size_t(1000) * 1024};
+  EXPECT_THROW(linear_sample_cuda(nullptr, nullptr, x.ptr, W.ptr, 129, 1024, 1000, nullptr, nullptr, nullptr, false,
+                                  ctx.stream), Error);
 }
 
 TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5, the activation in the ending

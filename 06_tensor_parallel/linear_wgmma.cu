@@ -4,7 +4,8 @@
 // step is 4-9% faster with it from 9 to 16 rows, as fast at 24-32, 3% faster at 48 and slower from 64 on
 // (04_model_runner/NOTES.md, section 2), so CudaLinear uses it for 9 to 48 rows (kWgmmaFasterRows), up
 // to 192 for the projections with few outputs (kWgmmaNarrowRows) and up to 128 for gate_up with its SiLU
-// (kWgmmaSiluRows): the book's Hopper GEMM, and the starting point of a faster one.
+// (kWgmmaSiluRows), and for the LM head at 9-128 rows with the sampler in its ending (linear_sample_cuda:
+// no logits written; kWgmmaSampleMinRows): the book's Hopper GEMM, and the starting point of a faster one.
 //
 // Why another GEMM. At 16-256 rows cuBLAS took 27-32 µs a layer for Qwen3-0.6B's four projections, whose
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
@@ -48,6 +49,7 @@
 
 #include "01_sequence/base/ptx.cuh"
 #include "06_tensor_parallel/linear.h"
+#include "07_sampler/sample_tile.cuh"
 
 namespace nanovllm {
 namespace {
@@ -57,8 +59,9 @@ constexpr int kPipelineMax = 196608;  // bytes of stages a block may hold (of th
 constexpr int kSweptSms = 132;        // the SMs of the H200 on which the plans above 48 rows were swept
 constexpr int kMaxSplits = 8;         // blocks per cluster: the largest portable cluster
 
-// The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs).
-template <int BN, int WG>
+// The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs); at most MAX_STAGES
+// stages (3 for the sampling ending, whose blocks run two an SM: 04_model_runner/NOTES.md, section 5).
+template <int BN, int WG, int MAX_STAGES = 4>
 struct Block {
   static constexpr int kThreads = 128 * WG;
   static constexpr int kRows = 64 * WG;
@@ -68,7 +71,7 @@ struct Block {
   // As many stages as fit, up to 4: a split is rarely deeper (qkv at 16 rows: 4 stages of 64), so most
   // blocks issue every copy they will make at once, and then only wait. (Up to 8 was slower at 16 rows:
   // a block of 192 KB leaves room for fewer clusters, so the plan split less.)
-  static constexpr int kStages = kPipelineMax / kStageBytes < 4 ? kPipelineMax / kStageBytes : 4;
+  static constexpr int kStages = kPipelineMax / kStageBytes < MAX_STAGES ? kPipelineMax / kStageBytes : MAX_STAGES;
   static constexpr int kSumStride = BN + 8;  // floats per row of the fp32 tile the cluster adds up (+8: no
                                              // bank conflicts when a warp stores its float2 pairs)
   static constexpr int kPipelineBytes = kStages * kStageBytes;
@@ -146,12 +149,18 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 // j and j + BN / 2 are one output feature's gate and up, held by the same thread (acc[i] and acc[i + BN / 4]).
 // Each is rounded to bf16, as the projection would store it, before silu_times: the same bits as the
 // projection followed by silu_and_mul_kernel.
-template <int BN, int WG, class OutT, bool SILU>
-__global__ void __launch_bounds__(128 * WG, 1)
+//
+// SAMPLE (one split, BN = 128, OutT float): the LM head with the sampler in its ending (linear_sample_cuda).
+// W is the head's (vocab, in) weight; the block's fp32 tile goes to shared memory and 07_sampler's
+// sample_tile scores it into `sampling`'s per-row keys. y (n, vocab) receives only the rows sample_tile
+// writes (top-k / top-p rows, or all with sampling.all_logits). Blocks of 3 stages, two an SM: a block's
+// ending then overlaps the other block's copies (04_model_runner/NOTES.md, section 5).
+template <int BN, int WG, class OutT, bool SILU, bool SAMPLE = false>
+__global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
     linear_wgmma_kernel(OutT* y, const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                        int n, int in, int out, int k_tiles_per_split) {
+                        int n, int in, int out, int k_tiles_per_split, TileSampling sampling) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using B = Block<BN, WG>;
+  using B = Block<BN, WG, SAMPLE ? 3 : 4>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_address(smem_raw), base = (raw + 1023u) & ~1023u;
   const int split = int(blockIdx.x), splits = int(gridDim.x), out0 = int(blockIdx.y) * BN,
@@ -191,6 +200,15 @@ __global__ void __launch_bounds__(128 * WG, 1)
   allow_next_kernel();
   if (threadIdx.x == 0)
     for (int t = 0; t < kStages && t < k_tiles; t++) load_x(t);
+  // SAMPLE: the rows' settings, and their keys as other blocks have left them so far (read from L2, not
+  // L1: fresher), staged while the copies land; read after the barrier before the ending.
+  __shared__ SamplingRow tile_rows[SAMPLE ? B::kRows : 1];
+  __shared__ unsigned long long tile_keys[SAMPLE ? B::kRows : 1];
+  if (SAMPLE && int(threadIdx.x) < B::kRows) {
+    const int r = row0 + int(threadIdx.x);
+    tile_rows[threadIdx.x] = r < n ? sampling.rows[r] : SamplingRow{};
+    tile_keys[threadIdx.x] = r < n ? __ldcg(sampling.best_keys + r) : 0ull;
+  }
 
   const int warpgroup = int(threadIdx.x) / 128;
   float acc[BN / 2];
@@ -219,6 +237,21 @@ __global__ void __launch_bounds__(128 * WG, 1)
   const int lane = int(threadIdx.x) % 32, warp_row = warpgroup * 64 + (int(threadIdx.x) % 128) / 32 * 16;
   auto row_of = [&](int i) { return warp_row + lane / 4 + 8 * ((i / 2) % 2); };  // within the block's tile
   auto col_of = [&](int i) { return 8 * (i / 4) + 2 * (lane % 4) + i % 2; };
+  float* const tile = reinterpret_cast<float*>(smem_raw + (base - raw));  // (kRows, kSumStride), over the stages
+  // The tile to shared memory, once every warpgroup is done with the stages (its wgmma waited for above).
+  const auto tile_to_shared_memory = [&] {
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2)
+      *reinterpret_cast<float2*>(tile + row_of(i) * B::kSumStride + col_of(i)) = make_float2(acc[i], acc[i + 1]);
+  };
+  if constexpr (SAMPLE) {
+    static_assert(BN == 128 && !SILU, "sample_tile scores tiles of 128 vocabulary entries");
+    tile_to_shared_memory();
+    __syncthreads();  // the whole tile (and tile_rows, tile_keys) written
+    sample_tile<B::kRows, B::kSumStride>(tile, tile_rows, tile_keys, row0, n, out0, sampling);
+    return;
+  }
   // SILU's ending for one output feature: gate and up as the projection would store them, then the activation.
   const auto silu_of = [](float gate, float up) {
     return silu_times(__bfloat162float(__float2bfloat16(gate)), __bfloat162float(__float2bfloat16(up)));
@@ -255,11 +288,8 @@ __global__ void __launch_bounds__(128 * WG, 1)
 
   // Split: the block's fp32 tile goes to its shared memory (over the pipeline's buffers: every copy has
   // landed and every warpgroup waited for its wgmma, but wait for the other warpgroups too)...
-  __syncthreads();
-  float* sum_tile = reinterpret_cast<float*>(smem_raw + (base - raw));  // (kRows, kSumStride)
-#pragma unroll
-  for (int i = 0; i < BN / 2; i += 2)
-    *reinterpret_cast<float2*>(sum_tile + row_of(i) * B::kSumStride + col_of(i)) = make_float2(acc[i], acc[i + 1]);
+  tile_to_shared_memory();
+  float* const sum_tile = tile;
   cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   cluster.sync();  // every block's tile is written and visible to the cluster
   // ...and block `split` adds up rows split, split + splits, ... of every block's tile, 4 columns at a
@@ -408,8 +438,26 @@ void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out,
                       w_map = tensor_map(W, out, in, SILU ? BN / 2 : BN);
     launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT, SILU>, grid, unsigned(plan.splits),
                                   Block<BN, WG>::kThreads, Block<BN, WG>::kSmemBytes, stream, y, x_map, w_map, n, in,
-                                  out, plan.k_tiles_per_split);
+                                  out, plan.k_tiles_per_split, TileSampling{});
   });
+}
+
+// The sampling ending's launch: one row tile of 64 WG rows (WG = 1 up to 64 rows, 2 up to 128), one block
+// per 128 vocabulary entries, no split.
+template <int WG>
+void launch_sample(float* logits, const bf16* x, const bf16* W, int n, int in, int vocab, const TileSampling& sampling,
+                   cudaStream_t stream) {
+  using B = Block<128, WG, 3>;
+  static const bool allowed = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<128, WG, float, false, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, B::kSmemBytes));
+    return true;
+  }();
+  (void)allowed;
+  const dim3 grid{1u, unsigned((vocab + 127) / 128), 1u};
+  launch_overlapped(linear_wgmma_kernel<128, WG, float, false, true>, grid, dim3(B::kThreads), B::kSmemBytes, stream,
+                    logits, tensor_map(x, n, in, B::kRows), tensor_map(W, vocab, in, 128), n, in, vocab,
+                    (in + kStageIn - 1) / kStageIn, sampling);
 }
 
 // Whether the code loaded for this GPU has the wgmma kernels: 1 where it was compiled for sm_90a (the
@@ -520,6 +568,23 @@ void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in
   launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features,
                            linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave), stream);
   CUDA_CHECK_LAUNCH();
+}
+
+bool linear_sample_fits(const bf16* x, const bf16* W, int n, int in_features) {
+  return n >= 1 && n <= kWgmmaSampleMaxRows && linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available();
+}
+
+void linear_sample_cuda(int32_t* tokens, float* logits, const bf16* x, const bf16* W, int n, int in_features,
+                        int vocab, const SamplingRow* rows, unsigned long long* best_keys, int* broken,
+                        bool all_logits, cudaStream_t stream) {
+  if (!linear_sample_fits(x, W, n, in_features))
+    fail("linear_sample_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, 1 to ",
+         kWgmmaSampleMaxRows, " rows, in_features % 8 == 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
+  const TileSampling sampling{rows, best_keys, broken, logits, vocab, all_logits};
+  if (n <= 64) launch_sample<1>(logits, x, W, n, in_features, vocab, sampling, stream);
+  else launch_sample<2>(logits, x, W, n, in_features, vocab, sampling, stream);
+  CUDA_CHECK_LAUNCH();
+  sample_from_keys_cuda(tokens, best_keys, broken, logits, n, vocab, rows, stream);
 }
 
 }  // namespace nanovllm

@@ -4,6 +4,7 @@
 
 #include <cooperative_groups.h>
 
+#include "07_sampler/sample_tile.cuh"
 #include "07_sampler/sampler.h"
 #include "07_sampler/sampler_top_k_top_p.h"
 
@@ -13,11 +14,6 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kMaxChunks = 8;  // blocks per row at most: the largest portable thread-block cluster
-
-// (score, index) pairs compare by score, then prefer the lower index (torch.argmax's first maximum).
-__device__ bool better(float score, int index, float best_score, int best_index) {
-  return score > best_score || (score == best_score && index < best_index);
-}
 
 // The best (score, index) over the 32 lanes of a warp, in every lane.
 __device__ void warp_best(float& best, int& best_index) {
@@ -29,43 +25,14 @@ __device__ void warp_best(float& best, int& best_index) {
   }
 }
 
-// Gumbel noise never exceeds this: G(u) = -log(-log u) is largest at the largest u sampler_uniform gives,
-// 1 - 2^-24, where it is 16.64.
-constexpr float kMaxNoise = 16.7f;
-
-// Which entries of a sampled row can be skipped without their exact score: those whose score l / T + G(u)
-// is certainly below `bar`, a little under the best score their warp has so far (below_bar).
-//
-// The exact score costs a precise division and two precise logarithms, about 100 of the ~136 instructions
-// an entry took (04_model_runner/NOTES.md, section 5). The bound costs a multiplication and two fast
-// exponentials: G is increasing in u, so G(u) < g exactly when u < exp(-exp(-g)), and with g = bar - l / T
-// that says the score is below the bar. An entry whose scaled logit is more than kMaxNoise under the bar
-// is skipped without its random number (its pair is hashed only if the other entry of the pair needs it).
-//
-// Why it never skips a winner. The scaled logit is l * (1 / T), within 2 ulps of l / T; __expf is within a
-// few parts in 10^6, so the threshold is within 2e-6 of exp(-exp(-g)) and kUniformMargin (1e-5) covers
-// it; the exact score's own rounding (two logf, one addition: a few ulps of a value under 17 and of the
-// score) is far inside the bar's margin below the best (1e-3 + 1e-4 |best|, prune_bar). An entry that is
-// not skipped gets its exact score, so the token is the one the unpruned loop picks (tested against it:
-// Ch07_SamplerCuda.PruningNeverChangesTheToken).
-constexpr float kUniformMargin = 1e-5f;
-
-__device__ inline float prune_bar(float best) { return best - (1e-3f + 1e-4f * fabsf(best)); }
-
-// The bound for an entry whose 23 random bits are k (sampler_bits_of_entry): true when its score is
-// certainly below the bar, g = bar - l / T being the noise the entry would need to reach it. (An entry
-// that would need more than kMaxNoise is skipped before its pair is hashed.)
-__device__ inline bool below_bar(float g, uint32_t k) {
-  return uniform_of_bits(k) < __expf(-__expf(-g)) - kUniformMargin;  // G(u) < g, with room for the fast exponentials
-}
-
 // Grid (chunks, num_rows), 1024 threads; with chunks > 1 the chunks of a row are one thread-block cluster.
 // Block (chunk, row) finds the best candidate of its chunk of the row (vocab_size / chunks entries); the
 // cluster's block 0 then reads every block's candidate from its shared memory (distributed shared memory,
 // sm_90) and writes the row's token. One block per row would leave most of the GPU idle at small batches:
 // at batch 1 a single SM would hash and log 151,936 entries.
 //
-// PRUNE: skip the exact score of the entries that cannot win (below_bar); the same token as without.
+// PRUNE: skip the exact score of the entries that cannot win (below_bar, sample_tile.cuh); the same token as
+// without.
 // The bar is the warp's: prune_bar of the best score any of its 32 lanes has so far. A per-lane bar would
 // leave most iterations with some lane whose entry beats its own short history, and a warp runs the exact
 // score if any lane needs it; against the warp's best, an iteration needs it only when one of 128 new
@@ -183,7 +150,28 @@ int chunks_per_row(int num_rows) {
   return std::clamp((2 * sms + num_rows - 1) / num_rows, 1, kMaxChunks);
 }
 
+// One thread a row: the token of its key (sample_tile), -1 for a row flagged broken or with no candidate;
+// then the key and the flag back to zero for the next GEMM.
+__global__ void tokens_from_keys_kernel(int32_t* tokens, unsigned long long* best_keys, int* broken, int num_rows) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
+  const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= num_rows) return;
+  const unsigned long long key = best_keys[r];
+  tokens[r] = broken[r] || key == 0 ? -1 : index_of_candidate(key);
+  best_keys[r] = 0, broken[r] = 0;
+}
+
 }  // namespace
+
+void sample_from_keys_cuda(int32_t* tokens, unsigned long long* best_keys, int* broken, const float* logits,
+                           int num_rows, int vocab_size, const SamplingRow* rows, cudaStream_t stream) {
+  if (num_rows == 0) return;
+  launch_overlapped(tokens_from_keys_kernel, dim3(unsigned((num_rows + 255) / 256)), dim3(256), 0, stream, tokens,
+                    best_keys, broken, num_rows);
+  CUDA_CHECK_LAUNCH();
+  sample_top_k_top_p_cuda(tokens, logits, num_rows, vocab_size, rows, stream);  // as in sample_cuda
+}
 
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
                  cudaStream_t stream, bool prune) {

@@ -101,5 +101,12 @@ namespace nanovllm {
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
                  cudaStream_t stream, bool prune = true);
 
+// The second half of sampling inside a GEMM (sample_tile.cuh; 06_tensor_parallel's linear_sample_cuda is the
+// first): tokens (num_rows,) from the rows' keys best_keys (num_rows,), -1 where broken (num_rows,) is set or
+// a row has no candidate, then keys and flags zeroed for the next call; then the rows asking for top-k or
+// top-p sampled again from their logits (num_rows, vocab_size), which the GEMM wrote for them.
+void sample_from_keys_cuda(int32_t* tokens, unsigned long long* best_keys, int* broken, const float* logits,
+                           int num_rows, int vocab_size, const SamplingRow* rows, cudaStream_t stream);
+
 }  // namespace nanovllm
 #endif

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <utility>
 
@@ -112,6 +113,43 @@ TEST(E2E_Gpu, LogitsMatchTransformers) {
       EXPECT_LE(relative_error(logits, g.logits[i]), 2e-2) << model << " case " << i;
     }
   }
+}
+
+// On a GPU with v6, steps of 9 to 128 sequences sample inside the LM head's kernel and write no logits
+// (04_model_runner/NOTES.md, section 5); logits asked for after such a step are written then, by the same
+// kernel from the hidden states the step left. Each golden prompt twice (16 sequences): the prefill's logits
+// against the golden ones, and every greedy token the argmax of its row, in the prefill and in a decode
+// step replayed from a CUDA graph.
+TEST(E2E_Gpu, LogitsAfterAStepSampledInTheLmHead) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Golden g = load("tiny-qwen3-a");
+  LLMEngine engine(gpu_config("tiny-qwen3-a"));
+  std::vector<int64_t> ids;
+  for (int copy = 0; copy < 2; copy++)
+    for (const auto& prompt : g.prompts) ids.push_back(engine.add_request(prompt, greedy(2)));
+  const size_t rows = ids.size();
+  std::vector<std::vector<int32_t>> argmax_by_step;  // [step][row]
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  while (!engine.is_finished()) {
+    std::vector<float> logits;
+    for (const GenerateOutput& out : engine.step(&logits).first) tokens[out.seq_id] = out.token_ids;
+    ASSERT_EQ(logits.size() % rows, 0u) << "every step runs all 16 sequences";
+    const size_t vocab = logits.size() / rows;
+    std::vector<int32_t> argmax(rows);
+    for (size_t r = 0; r < rows; r++) {
+      const auto row = logits.begin() + ptrdiff_t(r * vocab);
+      argmax[r] = int32_t(std::max_element(row, row + ptrdiff_t(vocab)) - row);
+      if (argmax_by_step.empty()) {
+        const std::vector<float> own(row, row + ptrdiff_t(vocab));
+        EXPECT_LE(relative_error(own, g.logits[r % g.prompts.size()]), 2e-2) << "prefill row " << r;
+      }
+    }
+    argmax_by_step.push_back(argmax);
+  }
+  ASSERT_EQ(argmax_by_step.size(), 2u);
+  for (size_t r = 0; r < rows; r++)
+    for (size_t step = 0; step < 2; step++)
+      EXPECT_EQ(tokens[ids[r]].at(step), argmax_by_step[step][r]) << "row " << r << " step " << step;
 }
 
 TEST(E2E_Gpu, GreedyMatchesTransformersInEveryEngineShape) {
