@@ -347,7 +347,9 @@ TEST(Ch06_LinearCuda, SampleInTheEndingMatchesCpuOverItsOwnLogits) {
           finite_got.push_back(logits[size_t(r) * s.out + j]), finite_want.push_back(want[size_t(r) * s.out + j]);
     EXPECT_LE(rel_error(finite_got, finite_want), 1e-4) << what << ": logits";
     EXPECT_EQ(tokens, cpu_tokens(logits)) << what << ": tokens against the CPU sampler over the same logits";
-    if (s.n > 2) EXPECT_EQ(tokens[2], -1) << what << ": a row of non-finite logits";
+    if (s.n > 2) {
+      EXPECT_EQ(tokens[2], -1) << what << ": a row of non-finite logits";
+    }
 
     d_logits.poison();
     CUDA_CHECK(cudaDeviceSynchronize());
