@@ -306,7 +306,8 @@ bool linear_sample_fits(const bf16* x, const bf16* W, int n, int in_features);
 // CudaLinear samples in the LM head's kernel from this many rows up to kWgmmaSampleMaxRows (fuses_sample): measured on
 // the H200 against cuBLAS's fp32 logits + sample_cuda, 20 calls in a CUDA graph (04_model_runner/NOTES.md,
 // section 5): 92 against 100 µs at 16 rows, 111 against 134 at 64, 126 against 171 at 128; at 256 rows no
-// faster. Below 9 rows the LM head is v2's or v5's GEMV.
+// faster. Below 9 rows the LM head stays v2's or v5's GEMV + sample_cuda: the fused kernel measured 8-20 µs
+// slower a step at 1 and 4 rows (the same section).
 constexpr int kWgmmaSampleMinRows = 9;
 
 // v7: for 1 <= n <= kPrefetchMaxRows (linear_prefetch.cu). Every warp's weight rows are copied whole into
