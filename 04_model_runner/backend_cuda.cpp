@@ -280,11 +280,11 @@ class CudaBackend final : public Backend {
   void linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
                      const Tensor& rows, bool all_logits) override {
     assert(x.row_size() == weight.shape[1] && logits.row_size() == weight.shape[0] && x.rows() == tokens.numel());
-    if (x.rows() > kWgmmaSampleMaxRows) fail("internal: linear_sample of ", x.rows(), " rows");
+    // (linear_sample_cuda refuses more than kWgmmaSampleMaxRows rows, the keys' size.)
     auto* keys = static_cast<unsigned long long*>(sample_keys_.data());
-    linear_->run_sample(i32(tokens), f32(logits), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
-                        int(weight.shape[0]), rows.as<const SamplingRow>(), keys,
-                        reinterpret_cast<int*>(keys + kWgmmaSampleMaxRows), all_logits);
+    linear_sample_cuda(i32(tokens), f32(logits), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
+                       int(weight.shape[0]), rows.as<const SamplingRow>(), keys,
+                       reinterpret_cast<int*>(keys + kWgmmaSampleMaxRows), all_logits, stream_);
   }
 
  private:

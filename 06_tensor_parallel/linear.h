@@ -415,12 +415,10 @@ class CudaLinear {
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
   // Whether n rows of the LM head take the sampler into their kernel (version 6 or more, kWgmmaSampleMinRows <=
-  // n <= kWgmmaSampleMaxRows, a GPU with v6); run_sample is then linear_sample_cuda.
+  // n <= kWgmmaSampleMaxRows, a GPU with v6): the backend then calls linear_sample_cuda.
   bool fuses_sample(int n) const {
     return version_ >= 6 && n >= kWgmmaSampleMinRows && n <= kWgmmaSampleMaxRows && linear_wgmma_available();
   }
-  void run_sample(int32_t* tokens, float* logits, const bf16* x, const bf16* W, int n, int in_features, int vocab,
-                  const SamplingRow* rows, unsigned long long* best_keys, int* broken, bool all_logits);
 
  private:
   // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to max_rows, a layer

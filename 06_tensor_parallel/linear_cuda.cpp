@@ -77,11 +77,5 @@ bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_f
   return true;
 }
 
-void CudaLinear::run_sample(int32_t* tokens, float* logits, const bf16* x, const bf16* W, int n, int in_features,
-                            int vocab, const SamplingRow* rows, unsigned long long* best_keys, int* broken,
-                            bool all_logits) {
-  linear_sample_cuda(tokens, logits, x, W, n, in_features, vocab, rows, best_keys, broken, all_logits, stream_);
-}
-
 }  // namespace nanovllm
 #endif
