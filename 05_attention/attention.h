@@ -124,6 +124,9 @@ int decode_partition_size(int num_seqs, const AttentionShape& shape);
 int decode_splits(int num_seqs, const AttentionShape& shape);
 constexpr int kMaxClusterSplits = 16, kPortableClusterSplits = 8;  // thread-block clusters: Hopper's most, and
                                                                     // the most every cluster GPU holds
+// The most splits v11 puts in one cluster on this GPU: kMaxClusterSplits, kPortableClusterSplits, or 1 where
+// the code loaded for it has no clusters.
+int tensor_core_decode_max_cluster();
 void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                            const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
                            int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,

@@ -94,10 +94,9 @@ bool wgmma_prefill_available();
 // cluster that merges them into `out` itself.
 void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream,
                                       bool cluster = false);
-// Whether the code loaded for this GPU can launch that cluster (sm_90 and later), and the most splits it
-// can hold: kMaxClusterSplits (16, a non-portable size Hopper allows), kPortableClusterSplits (8), or 1.
+// Whether the code loaded for this GPU can launch that cluster (sm_90 and later); the most splits it can
+// hold: tensor_core_decode_max_cluster (attention.h).
 bool tensor_core_decode_clusters_available();
-int tensor_core_decode_max_cluster();
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
 

@@ -11,11 +11,11 @@
 // Adds:     over v10: at most 16 splits, Hopper's largest cluster (a non-portable size the kernel asks
 //           for; 8 where the GPU holds no cluster of 16: tensor_core_decode_max_cluster), which v10 never
 //           exceeds with 8 KV heads; the grid's x dimension, a (sequence, KV head)'s splits, launched as one
-//           cluster; each block leaves its merged state of the G rows in
-//           its own shared memory, and the cluster merges them with the combine's formula in the
-//           combine's order (merge_splits_in_cluster in v9_tensor_core_decode.cu, which holds the kernel):
-//           the same bits as v10. Blocks past the context no longer return at once: they take part in the
-//           cluster's barriers.
+//           cluster; the outputs dealt to the cluster's blocks in slices, each block storing its merged
+//           state of the G rows into every slice owner's shared memory, and each owner merging its slice
+//           with the combine's formula in the combine's order once its mbarrier has counted every
+//           partition's bytes (SliceMerge in v9_tensor_core_decode.cu, which holds the kernel): the same
+//           bits as v10. Blocks past the context no longer return at once: they own a slice too.
 // Launch:   grid (splits, num_kv_heads, num_seqs), clusters of (splits, 1, 1), v9's kernel with its CLUSTER
 //           parameter; no combine. With one split (16 sequences and more) or no cluster support (code not
 //           built for sm_90), exactly v10.

@@ -25,9 +25,9 @@
 //           not after its wait: o_proj's blocks load their weights as they start (04_model_runner/NOTES.md,
 //           section 4, "When the next kernel may start").
 //           Grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
-//           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM); then v2's
-//           combine kernel. Head dims 64 and 128, G <= 8, block_size a multiple of 16 (the engine's rule:
-//           a 16-key tile never crosses a KV block).
+//           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM; v11 adds
+//           its merge's slots, kSliceSlotFloats, 5.25 KB); then v2's combine kernel. Head dims 64 and 128,
+//           G <= 8, block_size a multiple of 16 (the engine's rule: a 16-key tile never crosses a KV block).
 // Fused:    given chapter 04's qk-norm inputs (AttentionParams::q_norm != nullptr: decode_attention_fused_cuda),
 //           the kernel also does qk_norm_rope_store's work for its block: q heads normed and rotated into
 //           shared memory, and the new key's K and V written to the cache before the copies that read it.
@@ -56,8 +56,6 @@
 #include "01_sequence/base/ptx.cuh"
 #include "05_attention/softmax.cuh"
 #include "05_attention/qk_norm_rope.cuh"
-
-#include <cooperative_groups.h>
 
 namespace nanovllm {
 namespace {
@@ -134,42 +132,109 @@ struct TileCopier {
   }
 };
 
-// v11 (v11_cluster_combine.cu): the `splits` blocks of a (sequence, KV head) are one thread-block cluster.
-// Each has left its merged state of rows 0..G-1 in its shared memory at `state` (m[8], l[8], then
-// O[8][HEAD_DIM]); block `rank` of the cluster merges outputs rank * blockDim.x + threadIdx.x, then
-// every splits * blockDim.x-th, reading the cluster's states through distributed shared memory, with the
-// combine kernel's formula in the combine's partition order (v2_split_k.cu, decode_combine_kernel): the
-// same bits, without the partials' round trip through memory or a second launch.
+// v11 (v11_cluster_combine.cu): the `splits` blocks of a (sequence, KV head) are one thread-block cluster,
+// and each block's merged state of its partition goes straight into the shared memory of the blocks that
+// merge it, by remote stores. The G x HEAD_DIM outputs, flattened as r * HEAD_DIM + d, are dealt to the
+// cluster's blocks in slices of `slice` consecutive outputs (a multiple of 4): block k owns outputs
+// [k slice, k slice + owned). Every block whose partition is not empty stores into each owner's shared
+// memory, in its partition's slot, its m and l of the G rows and its O over the owner's slice
+// (send_to_owners); the owner's mbarrier counts the bytes, and once they are all in, the owner merges its
+// slice from its own shared memory (merge_owned_slice) with the combine kernel's formula in the combine's
+// partition order (v2_split_k.cu, decode_combine_kernel): the same bits, without the partials' round trip
+// through memory or a second launch. Stores rather than reads: a block waits only for the bytes it merges,
+// not at a barrier of the whole cluster, and none of its reads crosses to another SM (NOTES.md, "v11's
+// merge by remote stores").
 template <int HEAD_DIM>
-__device__ void merge_splits_in_cluster(const AttentionParams& p, float* state, int seq, int G, bf16* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  cluster.sync();  // every block's state is written and visible to the cluster
-  const int context = p.context_lens[seq];
-  const int partition_size = context == 0 ? 1 : partition_size_for(p, context);
-  const int parts = (context + partition_size - 1) / partition_size;  // the non-empty partitions; 0: padding
-  const int rank = int(blockIdx.x), splits = int(gridDim.x);
-  for (int idx = rank * int(blockDim.x) + int(threadIdx.x); idx < G * HEAD_DIM; idx += splits * int(blockDim.x)) {
-    const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    float M = -INFINITY;
-    for (int i = 0; i < parts; i++) M = fmaxf(M, cluster.map_shared_rank(state, i)[r]);
-    float l = 0.0f, O = 0.0f;
-    for (int i = 0; i < parts; i++) {
-      const float* peer = cluster.map_shared_rank(state, i);
-      const float w = exp2f(peer[r] - M);
-      l += peer[8 + r] * w;
-      O += peer[16 + r * HEAD_DIM + d] * w;
-    }
-    out[r * HEAD_DIM + d] = __float2bfloat16(parts == 0 ? 0.0f : O / l);
+struct SliceMerge {
+  int G, slice, owned, parts;
+  __device__ SliceMerge(const AttentionParams& p, int context, int G_, int rank) : G(G_) {
+    slice = ((G * HEAD_DIM + p.splits - 1) / p.splits + 3) / 4 * 4;
+    owned = min(slice, max(0, G * HEAD_DIM - rank * slice));
+    const int partition_size = context == 0 ? 1 : partition_size_for(p, context);
+    parts = (context + partition_size - 1) / partition_size;  // the non-empty partitions; 0: padding
   }
-  // No block exits (freeing its shared memory) while a peer still reads it; the reads have returned.
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+  __device__ int slot_floats() const { return 16 + slice; }  // a partition's slot: m[8], l[8], O[slice]
+  __device__ int expected_bytes() const { return owned == 0 ? 0 : parts * (2 * G + owned) * 4; }
+};
+// The most floats an owner's slots take: splits (16 + slice) <= 20 splits + G HEAD_DIM, G <= 8.
+template <int HEAD_DIM>
+constexpr int kSliceSlotFloats = 20 * kMaxClusterSplits + 8 * HEAD_DIM;
+
+// This block's merged state of its partition (its 4 warps' (m, l, O) in shared memory, (warps, 8) and
+// (warps, 8, HEAD_DIM), merged as the combine merges partitions) -> every owner's slot `partition`.
+// Waits first at the cluster's barrier that every block arrived at once its mbarrier was set.
+template <int HEAD_DIM>
+__device__ void send_to_owners(const SliceMerge<HEAD_DIM>& merge, const float* sm_m, const float* sm_l,
+                               const float* sm_O, const float* slots, uint64_t* landed, int partition) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  const uint32_t slot = smem_address(slots) + uint32_t(partition * merge.slot_floats() * 4);
+  const uint32_t bar = smem_address(landed);
+  const int G = merge.G;
+  auto row_max = [&](int r) {
+    float M = -INFINITY;
+    for (int w = 0; w < kWarpsV9; w++) M = fmaxf(M, sm_m[w * 8 + r]);
+    return M;
+  };
+  auto weight = [&](int w, int r, float M) {  // a warp without tiles has m = -inf and weighs nothing
+    return sm_m[w * 8 + r] == -INFINITY ? 0.0f : exp2f(sm_m[w * 8 + r] - M);
+  };
+  // m and l of the G rows: thread k to owner k.
+  for (int k = threadIdx.x; k < int(gridDim.x); k += blockDim.x) {
+    if (k * merge.slice >= G * HEAD_DIM) continue;  // owns nothing
+    const uint32_t to = cluster_address(slot, k), to_bar = cluster_address(bar, k);
+    for (int r = 0; r < G; r++) {
+      const float M = row_max(r);
+      float L = 0.0f;
+      for (int w = 0; w < kWarpsV9; w++) L += sm_l[w * 8 + r] * weight(w, r, M);
+      store_to_cluster(to + uint32_t(r * 4), M, to_bar);
+      store_to_cluster(to + uint32_t((8 + r) * 4), L, to_bar);
+    }
+  }
+  // O, four neighbouring outputs a thread, to their owner's slot.
+  for (int q = threadIdx.x; q < G * HEAD_DIM / 4; q += blockDim.x) {
+    const int idx = 4 * q, r = idx / HEAD_DIM, d = idx % HEAD_DIM, k = idx / merge.slice;
+    const float M = row_max(r);
+    float O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int w = 0; w < kWarpsV9; w++) {
+      const float wt = weight(w, r, M);
+#pragma unroll
+      for (int j = 0; j < 4; j++) O[j] += sm_O[(w * 8 + r) * HEAD_DIM + d + j] * wt;
+    }
+    store_to_cluster(cluster_address(slot, k) + uint32_t((16 + idx - k * merge.slice) * 4), O,
+                     cluster_address(bar, k));
+  }
+#endif
+}
+
+// Once every non-empty partition's bytes are in this block's slots: its slice of `out` (G, HEAD_DIM), by
+// the combine's formula in partition order; zeros for a padding row (no partitions).
+template <int HEAD_DIM>
+__device__ void merge_owned_slice(const SliceMerge<HEAD_DIM>& merge, const float* slots, uint64_t* landed, int rank,
+                                  bf16* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (merge.owned == 0) return;
+  mbarrier_wait</*CLUSTER_SCOPE=*/true>(smem_address(landed), 0);
+  const int stride = merge.slot_floats();
+  for (int j = threadIdx.x; j < merge.owned; j += blockDim.x) {
+    const int idx = rank * merge.slice + j, r = idx / HEAD_DIM;
+    float M = -INFINITY;
+    for (int i = 0; i < merge.parts; i++) M = fmaxf(M, slots[i * stride + r]);
+    float l = 0.0f, O = 0.0f;
+    for (int i = 0; i < merge.parts; i++) {
+      const float* s = slots + i * stride;
+      const float w = exp2f(s[r] - M);
+      l += s[8 + r] * w;
+      O += s[16 + j] * w;
+    }
+    out[idx] = __float2bfloat16(merge.parts == 0 ? 0.0f : O / l);
+  }
 #endif
 }
 
 // Block (partition, kv_head, seq): the G query heads of kv_head over one partition of the context ->
 // their partial (m, l, O), as v2's store_partials writes them; with p.splits == 1 (v10), their output;
-// CLUSTER (v11, p.splits > 1), the output, merged across the cluster (merge_splits_in_cluster).
+// CLUSTER (v11, p.splits > 1), the output, merged across the cluster (SliceMerge).
 template <int HEAD_DIM, bool CLUSTER>
 __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode_kernel(AttentionParams p) {
   constexpr int kSteps = HEAD_DIM / 16;  // k-steps of Q K^T, m-tiles of O^T
@@ -187,16 +252,37 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   const int key_begin = partition * partition_size;
   const int key_end = min(seqlen_k, key_begin + partition_size);
   bf16* out = p.out + int64_t(seq) * p.out_stride + int64_t(kv_head * G) * HEAD_DIM;  // (G, HEAD_DIM) of this block
-  // v11's state for the cluster's merge: (m[8], l[8], O[8][HEAD_DIM]) after the warps' merge buffers below.
-  float* cluster_state = reinterpret_cast<float*>(smem) + 2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM;
+  // v11 (SliceMerge): this block's slots, after the pipeline buffers (remote stores may land while the
+  // tile loop still uses those), and the mbarrier that counts their bytes. It is set before the block
+  // arrives at the cluster's barrier, and no block sends before it has waited there, so no byte lands
+  // before the mbarrier expects it. All of it before the wait: it depends on the context length alone.
+  float* slots = reinterpret_cast<float*>(smem + kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2);
+  __shared__ __align__(8) uint64_t slots_landed;
+  const SliceMerge<HEAD_DIM> slice_merge(p, seqlen_k, G, partition);
+  const bool merge_in_cluster = CLUSTER && p.splits > 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (merge_in_cluster) {
+    if (threadIdx.x == 0) {
+      mbarrier_init(smem_address(&slots_landed));
+      mbarrier_arrive_expecting(smem_address(&slots_landed), slice_merge.expected_bytes());
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
+  }
+#endif
   if (key_begin >= key_end) {  // past this sequence's context (or a padding row, context 0)
     wait_for_previous_kernel();  // before the writes below
     allow_next_kernel();
     // With one split (v10) there is no combine to write a padding row's zeros: this block does. In a
-    // cluster (v11) the block still takes part in the merge: its partition is past `parts`, never read.
+    // cluster (v11) the block sends nothing, but it still owns a slice of the outputs and merges it.
     if (p.splits == 1)
       for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) out[idx] = __float2bfloat16(0.0f);
-    if (CLUSTER && p.splits > 1) merge_splits_in_cluster<HEAD_DIM>(p, cluster_state, seq, G, out);
+    if (merge_in_cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // as every thread that arrived
+#endif
+      merge_owned_slice<HEAD_DIM>(slice_merge, slots, &slots_landed, partition, out);
+    }
     return;
   }
 
@@ -379,6 +465,11 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     O_w[r * HEAD_DIM + d + 8] = o[mt][2], O_w[(r + 1) * HEAD_DIM + d + 8] = o[mt][3];
   }
   __syncthreads();  // every warp's state is in shared memory before any thread merges
+  if (merge_in_cluster) {
+    send_to_owners<HEAD_DIM>(slice_merge, sm_m, sm_l, sm_O, slots, &slots_landed, partition);
+    merge_owned_slice<HEAD_DIM>(slice_merge, slots, &slots_landed, partition, out);
+    return;
+  }
   for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) {
     const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
     float M = -INFINITY;
@@ -393,16 +484,10 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
       out[r * HEAD_DIM + d] = __float2bfloat16(O / L);
       continue;
     }
-    if (CLUSTER) {  // v11: the state stays in shared memory for the cluster's merge
-      if (d == 0) cluster_state[r] = M, cluster_state[8 + r] = L;
-      cluster_state[16 + r * HEAD_DIM + d] = O;
-      continue;
-    }
     const int64_t part = (int64_t(seq) * p.num_heads + kv_head * G + r) * p.max_partitions + partition;
     if (d == 0) p.part_m[part] = M, p.part_l[part] = L;
     p.part_O[part * HEAD_DIM + d] = O;
   }
-  if (CLUSTER && p.splits > 1) merge_splits_in_cluster<HEAD_DIM>(p, cluster_state, seq, G, out);
 }
 
 template <int HEAD_DIM>
@@ -411,10 +496,9 @@ constexpr int kSmemBytes = kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2;
 template <int HEAD_DIM, bool CLUSTER>
 void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));
-  const int smem_bytes = kSmemBytes<HEAD_DIM>;
-  static_assert(kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2 >=
-                    (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM + 16 + 8 * HEAD_DIM) * 4,
-                "the merge (and v11's cluster state) reuses the pipeline buffers");
+  const int smem_bytes = kSmemBytes<HEAD_DIM> + (CLUSTER ? kSliceSlotFloats<HEAD_DIM> * 4 : 0);
+  static_assert(kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2 >= (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM) * 4,
+                "the warps' merge reuses the pipeline buffers");
   const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
   // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
@@ -447,7 +531,8 @@ int tensor_core_decode_max_cluster() {
     // 16 blocks a cluster is beyond the portable 8: the kernels must ask for it, and the GPU say it fits.
     const auto k64 = attention_v9_tensor_core_decode_kernel<64, true>;
     const auto k128 = attention_v9_tensor_core_decode_kernel<128, true>;
-    CUDA_CHECK(cudaFuncSetAttribute(k128, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes<128>));
+    const int smem_bytes = kSmemBytes<128> + kSliceSlotFloats<128> * 4;
+    CUDA_CHECK(cudaFuncSetAttribute(k128, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     if (cudaFuncSetAttribute(k64, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
         cudaFuncSetAttribute(k128, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       (void)cudaGetLastError();  // not an error: 8 it is
@@ -458,7 +543,7 @@ int tensor_core_decode_max_cluster() {
     cluster.val.clusterDim.x = unsigned(kMaxClusterSplits), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(kMaxClusterSplits)), config.blockDim = kWarpsV9 * 32;
-    config.dynamicSmemBytes = kSmemBytes<128>, config.attrs = &cluster, config.numAttrs = 1;
+    config.dynamicSmemBytes = smem_bytes, config.attrs = &cluster, config.numAttrs = 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, k128, &config) != cudaSuccess || clusters < 1) {
       (void)cudaGetLastError();

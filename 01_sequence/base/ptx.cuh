@@ -71,15 +71,50 @@ __device__ inline void mbarrier_arrive_expecting(uint32_t barrier, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
 }
 // Returns once the barrier's phase with this parity (0, 1, 0, ... for its uses 0, 1, 2, ...) completed.
+// CLUSTER_SCOPE: acquire at cluster scope, for a barrier whose bytes other blocks of the cluster deliver
+// (store_to_cluster), so that their stores are visible once the phase is seen complete.
+template <bool CLUSTER_SCOPE = false>
 __device__ inline void mbarrier_wait(uint32_t barrier, int parity) {
   uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(barrier), "r"(parity)
-        : "memory");
+  while (!done) {
+    if (CLUSTER_SCOPE)
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          "selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(barrier), "r"(parity)
+          : "memory");
+    else
+      asm volatile(
+          "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(barrier), "r"(parity)
+          : "memory");
+  }
 }
+
+// Distributed shared memory (sm_90 thread-block clusters). cluster_address: the address, in the cluster's
+// shared window, of the variable at shared address `local` in block `rank` of the cluster (every block's
+// shared variables lie at the same offsets). store_to_cluster: one remote store into that window, which
+// counts its bytes on the receiving block's mbarrier (`remote_barrier`, also a cluster address) when it
+// lands; the sender does not wait for it. v4: 16 bytes, to a 16-byte aligned address.
+__device__ inline uint32_t cluster_address(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ inline void store_to_cluster(uint32_t remote, float value, uint32_t remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n"
+               ::"r"(remote), "r"(__float_as_uint(value)), "r"(remote_barrier)
+               : "memory");
+}
+__device__ inline void store_to_cluster(uint32_t remote, const float (&value)[4], uint32_t remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n"
+               ::"r"(remote), "r"(__float_as_uint(value[0])), "r"(__float_as_uint(value[1])),
+               "r"(__float_as_uint(value[2])), "r"(__float_as_uint(value[3])), "r"(remote_barrier)
+               : "memory");
+}
+
 // `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned) by the copy engine
 // in one instruction, counted on `barrier` (the 1D bulk copy: no tensor map, a contiguous range).
 __device__ inline void bulk_copy_to_shared(uint32_t dst, const void* src, int bytes, uint32_t barrier) {
