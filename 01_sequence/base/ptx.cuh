@@ -2,8 +2,9 @@
 // 06_tensor_parallel's linear_split_k.cu), one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
 // m16n8k16), the copy engine's barriers and bulk copy of 06_tensor_parallel's sm_90 kernels, what the
 // warpgroup MMA (wgmma) kernels of both chapters share (05_attention's v12, 06_tensor_parallel's
-// linear_wgmma.cu), and the remote stores into a cluster peer's shared memory of 05_attention's v11. Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives
-// the fragment layouts ldmatrix and mma use. Here, in base, because two chapters use them.
+// linear_wgmma.cu), and the remote stores into a cluster peer's shared memory of 05_attention's v11.
+// Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the fragment
+// layouts ldmatrix and mma use. Here, in base, because two chapters use them.
 #pragma once
 
 #include <cstdint>
