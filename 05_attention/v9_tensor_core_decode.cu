@@ -132,6 +132,23 @@ struct TileCopier {
   }
 };
 
+// A block's 4 warps' states of rows 0..G-1 in shared memory: m and l (warps, 8), O (warps, 8, HEAD_DIM).
+// The warps merge as the combine merges partitions: each weighed by exp2(m_w - M) against the row's max M.
+// One home for that formula: the block's own merge (v9, v10) and send_to_owners (v11) both use it.
+template <int HEAD_DIM>
+struct WarpStates {
+  const float *m, *l, *O;
+  __device__ float row_max(int r) const {
+    float M = -INFINITY;
+    for (int w = 0; w < kWarpsV9; w++) M = fmaxf(M, m[w * 8 + r]);
+    return M;
+  }
+  __device__ float weight(int w, int r, float M) const {  // a warp without tiles has m = -inf and weighs nothing
+    return m[w * 8 + r] == -INFINITY ? 0.0f : exp2f(m[w * 8 + r] - M);
+  }
+  __device__ float o(int w, int r, int d) const { return O[(w * 8 + r) * HEAD_DIM + d]; }
+};
+
 // v11 (v11_cluster_combine.cu): the `splits` blocks of a (sequence, KV head) are one thread-block cluster,
 // and each block's merged state of its partition goes straight into the shared memory of the blocks that
 // merge it, by remote stores. The G x HEAD_DIM outputs, flattened as r * HEAD_DIM + d, are dealt to the
@@ -160,33 +177,25 @@ struct SliceMerge {
 template <int HEAD_DIM>
 constexpr int kSliceSlotFloats = 20 * kMaxClusterSplits + 8 * HEAD_DIM;
 
-// This block's merged state of its partition (its 4 warps' (m, l, O) in shared memory, (warps, 8) and
-// (warps, 8, HEAD_DIM), merged as the combine merges partitions) -> every owner's slot `partition`.
-// Waits first at the cluster's barrier that every block arrived at once its mbarrier was set.
+// This block's merged state of its partition (its warps' states, merged by WarpStates's formula) -> every
+// owner's slot `partition`. Waits first at the cluster's barrier that every block arrived at once its
+// mbarrier was set.
 template <int HEAD_DIM>
-__device__ void send_to_owners(const SliceMerge<HEAD_DIM>& merge, const float* sm_m, const float* sm_l,
-                               const float* sm_O, const float* slots, uint64_t* landed, int partition) {
+__device__ void send_to_owners(const SliceMerge<HEAD_DIM>& merge, const WarpStates<HEAD_DIM>& warps,
+                               const float* slots, uint64_t* landed, int partition) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   const uint32_t slot = smem_address(slots) + uint32_t(partition * merge.slot_floats() * 4);
   const uint32_t bar = smem_address(landed);
   const int G = merge.G;
-  auto row_max = [&](int r) {
-    float M = -INFINITY;
-    for (int w = 0; w < kWarpsV9; w++) M = fmaxf(M, sm_m[w * 8 + r]);
-    return M;
-  };
-  auto weight = [&](int w, int r, float M) {  // a warp without tiles has m = -inf and weighs nothing
-    return sm_m[w * 8 + r] == -INFINITY ? 0.0f : exp2f(sm_m[w * 8 + r] - M);
-  };
   // m and l of the G rows: thread k to owner k.
   for (int k = threadIdx.x; k < int(gridDim.x); k += blockDim.x) {
     if (k * merge.slice >= G * HEAD_DIM) continue;  // owns nothing
     const uint32_t to = cluster_address(slot, k), to_bar = cluster_address(bar, k);
     for (int r = 0; r < G; r++) {
-      const float M = row_max(r);
+      const float M = warps.row_max(r);
       float L = 0.0f;
-      for (int w = 0; w < kWarpsV9; w++) L += sm_l[w * 8 + r] * weight(w, r, M);
+      for (int w = 0; w < kWarpsV9; w++) L += warps.l[w * 8 + r] * warps.weight(w, r, M);
       store_to_cluster(to + uint32_t(r * 4), M, to_bar);
       store_to_cluster(to + uint32_t((8 + r) * 4), L, to_bar);
     }
@@ -194,12 +203,12 @@ __device__ void send_to_owners(const SliceMerge<HEAD_DIM>& merge, const float* s
   // O, four neighbouring outputs a thread, to their owner's slot.
   for (int q = threadIdx.x; q < G * HEAD_DIM / 4; q += blockDim.x) {
     const int idx = 4 * q, r = idx / HEAD_DIM, d = idx % HEAD_DIM, k = idx / merge.slice;
-    const float M = row_max(r);
+    const float M = warps.row_max(r);
     float O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int w = 0; w < kWarpsV9; w++) {
-      const float wt = weight(w, r, M);
+      const float wt = warps.weight(w, r, M);
 #pragma unroll
-      for (int j = 0; j < 4; j++) O[j] += sm_O[(w * 8 + r) * HEAD_DIM + d + j] * wt;
+      for (int j = 0; j < 4; j++) O[j] += warps.o(w, r, d + j) * wt;
     }
     store_to_cluster(cluster_address(slot, k) + uint32_t((16 + idx - k * merge.slice) * 4), O,
                      cluster_address(bar, k));
@@ -465,20 +474,20 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     O_w[r * HEAD_DIM + d + 8] = o[mt][2], O_w[(r + 1) * HEAD_DIM + d + 8] = o[mt][3];
   }
   __syncthreads();  // every warp's state is in shared memory before any thread merges
+  const WarpStates<HEAD_DIM> warps{sm_m, sm_l, sm_O};
   if (merge_in_cluster) {
-    send_to_owners<HEAD_DIM>(slice_merge, sm_m, sm_l, sm_O, slots, &slots_landed, partition);
+    send_to_owners<HEAD_DIM>(slice_merge, warps, slots, &slots_landed, partition);
     merge_owned_slice<HEAD_DIM>(slice_merge, slots, &slots_landed, partition, out);
     return;
   }
   for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) {
     const int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
-    float M = -INFINITY;
-    for (int w = 0; w < kWarpsV9; w++) M = fmaxf(M, sm_m[w * 8 + r]);
+    const float M = warps.row_max(r);
     float L = 0.0f, O = 0.0f;
     for (int w = 0; w < kWarpsV9; w++) {
-      const float weight = sm_m[w * 8 + r] == -INFINITY ? 0.0f : exp2f(sm_m[w * 8 + r] - M);  // a warp without tiles
-      L += sm_l[w * 8 + r] * weight;
-      O += sm_O[(w * 8 + r) * HEAD_DIM + d] * weight;
+      const float weight = warps.weight(w, r, M);
+      L += warps.l[w * 8 + r] * weight;
+      O += warps.o(w, r, d) * weight;
     }
     if (p.splits == 1) {  // v10 with one split: this block saw the whole context, so O / L is the answer
       out[r * HEAD_DIM + d] = __float2bfloat16(O / L);
