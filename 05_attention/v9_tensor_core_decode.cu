@@ -177,6 +177,16 @@ struct SliceMerge {
 template <int HEAD_DIM>
 constexpr int kSliceSlotFloats = 20 * kMaxClusterSplits + 8 * HEAD_DIM;
 
+// A block's dynamic shared memory: the pipeline's buffers, (warps, kStages, K/V, kTileKeys, HEAD_DIM) bf16
+// (96 KB at head_dim 128), then, in a cluster (v11), its merge's slots.
+template <int HEAD_DIM>
+constexpr int kPipelineBytes = kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2;
+template <int HEAD_DIM, bool CLUSTER>
+constexpr int kSmemBytes = kPipelineBytes<HEAD_DIM> + (CLUSTER ? kSliceSlotFloats<HEAD_DIM> * 4 : 0);
+static_assert(kPipelineBytes<64> >= (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * 64) * 4 &&
+                  kPipelineBytes<128> >= (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * 128) * 4,
+              "the warps' merge reuses the pipeline buffers");
+
 // This block's merged state of its partition (its warps' states, merged by WarpStates's formula) -> every
 // owner's slot `partition`. Waits first at the cluster's barrier that every block arrived at once its
 // mbarrier was set.
@@ -265,7 +275,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   // tile loop still uses those), and the mbarrier that counts their bytes. It is set before the block
   // arrives at the cluster's barrier, and no block sends before it has waited there, so no byte lands
   // before the mbarrier expects it. All of it before the wait: it depends on the context length alone.
-  float* slots = reinterpret_cast<float*>(smem + kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2);
+  float* slots = reinterpret_cast<float*>(smem + kPipelineBytes<HEAD_DIM>);
   __shared__ __align__(8) uint64_t slots_landed;
   const SliceMerge<HEAD_DIM> slice_merge(p, seqlen_k, G, partition);
   const bool merge_in_cluster = CLUSTER && p.splits > 1;
@@ -499,15 +509,10 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   }
 }
 
-template <int HEAD_DIM>
-constexpr int kSmemBytes = kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2;
-
 template <int HEAD_DIM, bool CLUSTER>
 void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));
-  const int smem_bytes = kSmemBytes<HEAD_DIM> + (CLUSTER ? kSliceSlotFloats<HEAD_DIM> * 4 : 0);
-  static_assert(kWarpsV9 * kStages * 2 * kTileKeys * HEAD_DIM * 2 >= (2 * kWarpsV9 * 8 + kWarpsV9 * 8 * HEAD_DIM) * 4,
-                "the warps' merge reuses the pipeline buffers");
+  const int smem_bytes = kSmemBytes<HEAD_DIM, CLUSTER>;
   const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
   // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
@@ -540,7 +545,7 @@ int tensor_core_decode_max_cluster() {
     // 16 blocks a cluster is beyond the portable 8: the kernels must ask for it, and the GPU say it fits.
     const auto k64 = attention_v9_tensor_core_decode_kernel<64, true>;
     const auto k128 = attention_v9_tensor_core_decode_kernel<128, true>;
-    const int smem_bytes = kSmemBytes<128> + kSliceSlotFloats<128> * 4;
+    const int smem_bytes = kSmemBytes<128, true>;
     CUDA_CHECK(cudaFuncSetAttribute(k128, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     if (cudaFuncSetAttribute(k64, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
         cudaFuncSetAttribute(k128, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
