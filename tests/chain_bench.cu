@@ -1,15 +1,25 @@
 // chain_bench.cu: what one dependent step of a decode step costs, whatever carries the dependency
 // (04_model_runner/NOTES.md, section 9). A chain of P phases, each a small projection that reads the whole
 // output of the phase before (1,024 floats) and writes its own: every block dots its warps' RW weight rows
-// (1,024 bf16 each) with that vector. Four ways to run the chain, timed under the same conditions:
+// (1,024 bf16 each) with that vector. Five ways to run the chain, timed under the same conditions, then
+// the same chains with the vectors flagged (below):
 //   plain graph   P kernels captured in a CUDA graph, plain stream order
 //   PDL graph     the same kernels launched overlapped (programmatic dependent launch): each loads its
 //                 weight rows before griddepcontrol.wait, as the engine's GEMV does
 //   persistent    one kernel, a grid barrier (an atomic counter in global memory) between phases; phase
 //                 p's weight rows are loaded before the barrier that ends phase p - 1
+//   PDL early     the PDL graph with each kernel letting the next one launch first thing, so that several
+//                 phases' weights are in flight (each still waits for the kernel before it to end)
 //   deep          the persistent kernel with the weights of the next S phases in flight into shared memory
 //                 (the copy engine, one bulk copy per warp), so that only the barrier and the vector are
 //                 left on the chain
+// Flagged: each vector element is one 64-bit word, value and the writing phase's tag together, so a phase
+// polls its input instead of waiting for the grid before it to end (NCCL's low-latency protocol):
+//   flagged graph  the PDL graph's kernels letting the next one launch first thing and polling their input
+//                  (every thread its own words, or one warp all of them), with no griddepcontrol.wait, or
+//                  with it before their stores (what an engine would need for its other inputs)
+//   persistent flagged  the persistent kernel polling its input instead of a grid barrier
+// Each flagged chain must end on the plain chain's value (W = 1, so each phase multiplies by 1.024).
 // Build and run on a GPU of compute capability 9.0 (tests/gpu_check.sh OUT chain does both):
 //   nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/chain_bench.cu -o build/chain_bench && build/chain_bench
 #include <cuda_runtime.h>
@@ -39,8 +49,8 @@ __device__ inline void load_rows(Rows& r, const __nv_bfloat16* W, int row0) {
     for (int c = 0; c < 4; c++)
       r.v[i][c] = __ldg(reinterpret_cast<const uint4*>(W + size_t(row0 + i) * IN) + c * 32 + lane);
 }
-template <int RW>
-__device__ inline void compute(const Rows& r, const float* xs, float* y, int row0) {
+template <int RW, class Store>
+__device__ inline void compute_into(const Rows& r, const float* xs, int row0, Store store) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < RW; i++) {
@@ -54,8 +64,12 @@ __device__ inline void compute(const Rows& r, const float* xs, float* y, int row
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(~0u, acc, o);
-    if (lane == 0) y[row0 + i] = acc * 1e-3f;
+    if (lane == 0) store(row0 + i, acc * 1e-3f);
   }
+}
+template <int RW>
+__device__ inline void compute(const Rows& r, const float* xs, float* y, int row0) {
+  compute_into<RW>(r, xs, row0, [&](int row, float v) { y[row] = v; });
 }
 __device__ inline void load_x(float* xs, const float* x) {
   for (int k = threadIdx.x; k < IN; k += THREADS) xs[k] = x[k];
@@ -63,9 +77,12 @@ __device__ inline void load_x(float* xs, const float* x) {
 }
 
 // One phase as its own kernel: y (rows) = W (rows, IN) x, block b owning rows [b * WARPS * RW, ...).
-template <int RW, bool PDL>
+// EARLY: the next kernel may launch first thing, before this one's loads and wait, so that several phases'
+// weights are in flight at once (each kernel still waits for the one before to end).
+template <int RW, bool PDL, bool EARLY = false>
 __global__ void __launch_bounds__(THREADS) phase_kernel(const __nv_bfloat16* W, const float* x, float* y) {
   __shared__ float xs[IN];
+  if (EARLY) asm volatile("griddepcontrol.launch_dependents;\n" :::);
   const int row0 = (blockIdx.x * WARPS + threadIdx.x / 32) * RW;
   Rows r;
   load_rows<RW>(r, W, row0);
@@ -151,6 +168,99 @@ __global__ void __launch_bounds__(THREADS) deep_kernel(const __nv_bfloat16* W, s
   }
 }
 
+// Flagged vectors, the low-latency handoff: element k is one 64-bit word, the float's bits low and the tag
+// of the phase that wrote it high. One store makes value and tag visible together, so the reader polls the
+// data itself: no fence, no counter, no wait for the writing grid to end.
+__device__ inline void store_flagged(uint64_t* v, int k, float value, unsigned tag) {
+  const uint64_t w = uint64_t(__float_as_uint(value)) | (uint64_t(tag) << 32);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" :: "l"(v + k), "l"(w) : "memory");
+}
+__device__ inline uint64_t load_word(const uint64_t* p) {
+  uint64_t w;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(w) : "l"(p) : "memory");
+  return w;
+}
+// xs (IN floats) = v's first IN values, once each carries tag (tag 0: take them as they are).
+// Every thread polls its own 4 words, or (ONE_WARP) warp 0 polls them all, each lane 16 pairs in flight
+// at once, reading all again until every tag matches: 8 times fewer requests at the vector's few L2 lines.
+template <bool ONE_WARP>
+__device__ inline void load_x_flagged(float* xs, const uint64_t* v, unsigned tag) {
+  if (!ONE_WARP) {
+    constexpr int PER = IN / THREADS;
+    uint64_t w[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) w[i] = load_word(v + threadIdx.x + i * THREADS);
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+      while (tag != 0 && unsigned(w[i] >> 32) != tag) w[i] = load_word(v + threadIdx.x + i * THREADS);
+#pragma unroll
+    for (int i = 0; i < PER; i++) xs[threadIdx.x + i * THREADS] = __uint_as_float(uint32_t(w[i]));
+  } else if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    constexpr int PAIRS = IN / 64;
+    uint64_t w[2 * PAIRS];
+    while (true) {
+#pragma unroll
+      for (int c = 0; c < PAIRS; c++)
+        asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n"
+                     : "=l"(w[2 * c]), "=l"(w[2 * c + 1]) : "l"(v + c * 64 + lane * 2) : "memory");
+      bool ok = true;
+#pragma unroll
+      for (int i = 0; i < 2 * PAIRS; i++) ok = ok && (tag == 0 || unsigned(w[i] >> 32) == tag);
+      if (__all_sync(~0u, ok)) break;
+    }
+#pragma unroll
+    for (int c = 0; c < PAIRS; c++) {
+      xs[c * 64 + lane * 2] = __uint_as_float(uint32_t(w[2 * c]));
+      xs[c * 64 + lane * 2 + 1] = __uint_as_float(uint32_t(w[2 * c + 1]));
+    }
+  }
+  __syncthreads();
+}
+// One phase as its own kernel, overlapped, its input polled: y (rows) = W x. WAIT: griddepcontrol.wait
+// before the stores (so that the grid before has ended, and every grid before it, once y is seen).
+template <int RW, bool WAIT, bool ONE_WARP>
+__global__ void __launch_bounds__(THREADS) flagged_kernel(const __nv_bfloat16* W, const uint64_t* x, uint64_t* y,
+                                                         const unsigned* epoch, unsigned phase) {
+  __shared__ float xs[IN];
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+  const unsigned base = __ldcg(epoch) * 4096u;
+  const int row0 = (blockIdx.x * WARPS + threadIdx.x / 32) * RW;
+  Rows r;
+  load_rows<RW>(r, W, row0);
+  load_x_flagged<ONE_WARP>(xs, x, phase == 0 ? 0u : base + phase);
+  if (WAIT) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  compute_into<RW>(r, xs, row0, [&](int row, float v) { store_flagged(y, row, v, base + phase + 1); });
+}
+// Every phase in one kernel, each phase polling the vector of the one before.
+template <int RW, bool ONE_WARP>
+__global__ void __launch_bounds__(THREADS) persistent_flagged_kernel(const __nv_bfloat16* W, size_t w_stride,
+                                                                    uint64_t* bufs, int phases,
+                                                                    const unsigned* epoch) {
+  __shared__ float xs[IN];
+  const unsigned base = __ldcg(epoch) * 4096u;
+  const int row0 = (blockIdx.x * WARPS + threadIdx.x / 32) * RW;
+  const size_t vec = size_t(gridDim.x) * WARPS * RW;
+  for (int p = 0; p < phases; p++) {
+    Rows r;
+    load_rows<RW>(r, W + size_t(p) * w_stride, row0);
+    load_x_flagged<ONE_WARP>(xs, bufs + size_t(p) * vec, p == 0 ? 0u : base + p);
+    compute_into<RW>(r, xs, row0, [&](int row, float v) { store_flagged(bufs + size_t(p + 1) * vec, row, v, base + p + 1); });
+    __syncthreads();  // xs reused
+  }
+}
+__global__ void bump_epoch(unsigned* epoch) { *epoch += 1; }
+// W = 1 and the first vector = 1 (tag 0), so that each phase multiplies the vector by 1.024: a chain
+// that read a stale or unfinished vector ends on another value.
+__global__ void fill_ones(__nv_bfloat16* W, size_t n, float* x, uint64_t* fx, int in) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    W[i] = __float2bfloat16(1.0f);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < in; i += gridDim.x * blockDim.x) {
+    x[i] = 1.0f;
+    fx[i] = __float_as_uint(1.0f);
+  }
+}
+
 // Times the four chains of `phases` phases on `blocks` blocks (RW weight rows per warp, S stages ahead
 // for the deep kernel) and prints each one's time per phase and the bandwidth its weights streamed at.
 template <int RW, int S>
@@ -167,7 +277,7 @@ void run(int blocks, int phases) {
   cudaStream_t s; CK(cudaStreamCreate(&s));
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   const double bytes = double(w_stride) * phases * 2;
-  auto time_graph = [&](bool pdl) {
+  auto time_graph = [&](bool pdl, bool early = false) {
     cudaGraph_t g; cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int p = 0; p < phases; p++) {
@@ -177,7 +287,8 @@ void run(int blocks, int phases) {
       c.attrs = at; c.numAttrs = pdl ? 1 : 0;
       const __nv_bfloat16* w = W + size_t(p) * w_stride;
       const float* x = bufs + size_t(p) * rows; float* y = bufs + size_t(p + 1) * rows;
-      if (pdl) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true>, w, x, y));
+      if (pdl && early) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true, true>, w, x, y));
+      else if (pdl) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true>, w, x, y));
       else CK(cudaLaunchKernelEx(&c, phase_kernel<RW, false>, w, x, y));
     }
     CK(cudaStreamEndCapture(s, &g));
@@ -224,13 +335,105 @@ void run(int blocks, int phases) {
     float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
     return ms;
   };
+  uint64_t* fbufs; unsigned* epoch;
+  CK(cudaMalloc(&fbufs, size_t(rows) * (phases + 1) * 8));
+  CK(cudaMemset(fbufs, 0, size_t(rows) * (phases + 1) * 8));
+  CK(cudaMalloc(&epoch, 4));
+  CK(cudaMemset(epoch, 0, 4));
+  fill_ones<<<1024, 256, 0, s>>>(W, w_stride * phases, bufs, fbufs, rows);
+  CK(cudaStreamSynchronize(s));
+  auto bump = [&]() { bump_epoch<<<1, 1, 0, s>>>(epoch); };
+  bump();  // epoch 1: no buffer yet carries its tags
+  auto time_flagged = [&](auto kernel) {
+    cudaGraph_t g; cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int p = 0; p < phases; p++) {
+      cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[0].val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t c = {}; c.gridDim = blocks; c.blockDim = THREADS; c.stream = s;
+      c.attrs = at; c.numAttrs = p > 0 ? 1 : 0;
+      const __nv_bfloat16* w = W + size_t(p) * w_stride;
+      const uint64_t* x = fbufs + size_t(p) * rows; uint64_t* y = fbufs + size_t(p + 1) * rows;
+      CK(cudaLaunchKernelEx(&c, kernel, w, x, y, (const unsigned*)epoch, unsigned(p)));
+    }
+    bump();
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    const int reps = 20;
+    cudaEventRecord(a, s);
+    for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, s));
+    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
+    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
+    return ms;
+  };
+  auto time_persistent_flagged = [&](auto kernel) {
+    auto launch = [&]() {
+      kernel<<<blocks, THREADS, 0, s>>>(W, w_stride, fbufs, phases, (const unsigned*)epoch);
+      bump();
+    };
+    for (int i = 0; i < 3; i++) launch();
+    CK(cudaStreamSynchronize(s));
+    const int reps = 20;
+    cudaEventRecord(a, s);
+    for (int i = 0; i < reps; i++) launch();
+    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
+    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
+    return ms;
+  };
+  // A check that the flagged chains computed what the plain one did: the last vector's first value.
+  auto last_value = [&](bool flagged) {
+    float v;
+    if (flagged) {
+      uint64_t w; CK(cudaMemcpy(&w, fbufs + size_t(phases) * rows, 8, cudaMemcpyDeviceToHost));
+      v = __builtin_bit_cast(float, uint32_t(w));
+    } else {
+      CK(cudaMemcpy(&v, bufs + size_t(phases) * rows, 4, cudaMemcpyDeviceToHost));
+    }
+    return v;
+  };
   float ta = time_graph(false), tb = time_graph(true), tc = time_persistent(), td = time_deep();
+  const float plain_value = last_value(false);
+  float tb2 = time_graph(true, true);
+  if (last_value(false) != plain_value) {
+    printf("error: the PDL graph launching early ended on %.9g, the plain chain on %.9g\n", last_value(false), plain_value);
+    std::exit(1);
+  }
+  float te = time_flagged(flagged_kernel<RW, false, false>);
+  const float e_value = last_value(true);
+  float te2 = time_flagged(flagged_kernel<RW, false, true>);
+  const float e2_value = last_value(true);
+  float tf = time_flagged(flagged_kernel<RW, true, true>);
+  const float f_value = last_value(true);
+  float tg = time_persistent_flagged(persistent_flagged_kernel<RW, false>);
+  const float g_value = last_value(true);
+  float tg2 = time_persistent_flagged(persistent_flagged_kernel<RW, true>);
+  const float g2_value = last_value(true);
   printf("blocks %d rows/warp %d phases %d: weights %.1f MB/phase (floor %.2f us/phase)\n", blocks, RW, phases,
          w_stride * 2 / 1e6, w_stride * 2 / 4.23e12 * 1e6);
   printf("  plain graph   %.3f ms  %.2f us/phase  %.0f GB/s\n", ta, ta * 1e3 / phases, bytes / ta / 1e6);
   printf("  PDL graph     %.3f ms  %.2f us/phase  %.0f GB/s\n", tb, tb * 1e3 / phases, bytes / tb / 1e6);
   printf("  persistent    %.3f ms  %.2f us/phase  %.0f GB/s\n", tc, tc * 1e3 / phases, bytes / tc / 1e6);
   printf("  deep S=%d      %.3f ms  %.2f us/phase  %.0f GB/s\n", S, td, td * 1e3 / phases, bytes / td / 1e6);
+  auto line = [&](const char* what, float ms) {
+    printf("  %-29s %.3f ms  %.2f us/phase  %.0f GB/s\n", what, ms, ms * 1e3 / phases, bytes / ms / 1e6);
+  };
+  line("PDL graph, next launched first", tb2);
+  line("flagged graph, every thread", te);
+  line("flagged graph, one warp", te2);
+  line("flagged graph, wait at store", tf);
+  line("persistent flagged", tg);
+  line("persistent flagged, one warp", tg2);
+  for (float v : {e_value, e2_value, f_value, g_value, g2_value})
+    if (v != plain_value) {
+      printf("error: a flagged chain ended on %.9g, the plain chain on %.9g\n", v, plain_value);
+      std::exit(1);
+    }
+  printf("  every flagged chain ended on the plain chain's value, %.6g\n", plain_value);
+  cudaFree(fbufs); cudaFree(epoch);
   cudaFree(W); cudaFree(bufs); cudaFree(counter); cudaStreamDestroy(s);
 }
 int main() {
