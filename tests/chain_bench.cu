@@ -249,9 +249,12 @@ __global__ void __launch_bounds__(THREADS) persistent_flagged_kernel(const __nv_
     __syncthreads();  // xs reused
   }
 }
+// A phase's tag is epoch * 4096 + its index, and the epoch moves on after every run of the chain (a graph
+// replay or a persistent launch), so a vector left by the run before never carries the tag a poll waits for.
 __global__ void bump_epoch(unsigned* epoch) { *epoch += 1; }
-// W = 1 and the first vector = 1 (tag 0), so that each phase multiplies the vector by 1.024: a chain
-// that read a stale or unfinished vector ends on another value.
+// W = 1 and the first vector = 1 (tag 0), so that each phase multiplies the vector by 1.024: the last
+// vector's value says that every phase ran on its whole input (it cannot tell the run before's equal
+// vector from this run's: that is the tags' job).
 __global__ void fill_ones(__nv_bfloat16* W, size_t n, float* x, uint64_t* fx, int in) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     W[i] = __float2bfloat16(1.0f);
