@@ -13,7 +13,7 @@
 #              fused projections (7)
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
-#              barrier), 04_model_runner/NOTES.md section 9
+#              barrier, an input polled by its tags), 04_model_runner/NOTES.md section 9
 #   probe      tests/kv_stream_probe.cu: how fast a paged KV cache can be read, and what of v9's work costs
 #              bandwidth (05_attention/NOTES.md, "What the KV stream allows"), at 4 (sequences, context) points
 #   gap        tests/step_gap_probe.cu: what the device waits between two graph replays for the copies queued
