@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "03_block_manager/xxh64.h"
+#include "05_attention/attention.h"
+#include "06_tensor_parallel/linear.h"
 #include "tests/test_util.h"
 
 using namespace nanovllm;
@@ -48,6 +50,31 @@ TEST(E2E_Cli, UsageErrorsExitTwoWithOneLine) {
     auto r = run_nanovllm(args, "");
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_TRUE(test::is_one_error_line(r.err)) << args << ": " << r.err;
+  }
+}
+
+// The version ranges `nanovllm help` states are the ones the flags take: the last of chapter 05's kernels and
+// of chapter 06's projection versions is accepted (the command then fails on the missing model, exit 1), the
+// next one is a usage error (exit 2) that names the range.
+TEST(E2E_Cli, HelpStatesTheVersionRangesTheFlagsTake) {
+  const int last_attention = int(attention_versions().size()) - 1;
+  auto help = run_nanovllm("help", "");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--attention-version N (0-" + std::to_string(last_attention) + ":"), std::string::npos)
+      << help.out;
+  EXPECT_NE(help.out.find("--linear-version N (" + std::to_string(kLinearVersionMin) + "-" +
+                          std::to_string(kLinearVersionMax) + ":"),
+            std::string::npos)
+      << help.out;
+  const std::string generate = "generate --model /nonexistent/model --prompt-ids 1 ";
+  struct Case { std::string flag; int last; };
+  for (const Case& c : {Case{"--attention-version ", last_attention}, Case{"--linear-version ", kLinearVersionMax}}) {
+    auto last = run_nanovllm(generate + c.flag + std::to_string(c.last), "");
+    EXPECT_EQ(last.exit_code, 1) << c.flag << c.last << ": " << last.err;
+    auto next = run_nanovllm(generate + c.flag + std::to_string(c.last + 1), "");
+    EXPECT_EQ(next.exit_code, 2) << c.flag << c.last + 1;
+    EXPECT_TRUE(test::is_one_error_line(next.err)) << next.err;
+    EXPECT_NE(next.err.find(", " + std::to_string(c.last) + "]"), std::string::npos) << next.err;
   }
 }
 

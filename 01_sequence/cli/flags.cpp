@@ -112,6 +112,28 @@ int attention_version_from(const Flags& flags) {
                            int(attention_versions().size()) - 1));
 }
 
+std::string engine_options_help() {
+  const std::string last_attention = std::to_string(attention_versions().size() - 1);
+  const std::string linear_range = std::to_string(kLinearVersionMin) + "-" + std::to_string(kLinearVersionMax);
+  return "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
+         "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
+         "                --enforce-eager --tensor-parallel-size N --attention-version N (0-" + last_attention +
+         ": chapter 05's kernels;\n"
+         "                default: each phase's fastest) --linear-version N (" + linear_range +
+         ": chapter 06's projections on the\n"
+         "                GPU, 1 cuBLAS only, 2 + our GEMV for one row, 3 + timed cuBLASLt, 4 + our split-K GEMM,\n"
+         "                5 + our tensor-core GEMV for 2-8 rows, 6 = 5 + on sm_90 our wgmma GEMM where it measured\n"
+         "                faster, gate_up's SiLU and the LM head's sampler in its ending (the default; the row\n"
+         "                limits are in 06_tensor_parallel/linear.h), 7 = 6 + at one row the norms, SiLU and\n"
+         "                residual adds inside the projections)\n"
+         "                --seed S --trace --no-overlap (the plain loop: each step waits for the tokens of the one\n"
+         "                before; by default step n + 1 is launched before step n's tokens are read, where it can)\n"
+         "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
+         "                kernels that wait on flags; events, CUDA events and a host barrier, eager only, for\n"
+         "                compute-sanitizer)\n"
+         "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
+}
+
 int linear_version_from(const Flags& flags) {
   return int(flags.get_int("linear-version", kLinearVersionDefault, kLinearVersionMin, kLinearVersionMax));
 }

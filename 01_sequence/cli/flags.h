@@ -48,12 +48,14 @@ class Flags {
 void write_stdout(const std::string& text);
 void flush_stdout();
 
-// --attention-version N: a kernel of chapter 05's ladder (0 .. 7, 05_attention/attention.h), or the
-// default -1, each phase's fastest. A usage error names the range.
+// --attention-version N: a kernel of chapter 05's ladder (0 .. the last of attention_versions(),
+// 05_attention/attention.h), or the default -1, each phase's fastest. A usage error names the range.
 int attention_version_from(const Flags& flags);
-// --linear-version N: which of chapter 06's projection versions the GPU may use (1 to 7,
-// 06_tensor_parallel/linear.h), default 6. A usage error names the range.
+// --linear-version N: which of chapter 06's projection versions the GPU may use (kLinearVersionMin to
+// kLinearVersionMax, 06_tensor_parallel/linear.h), default kLinearVersionDefault. A usage error names the range.
 int linear_version_from(const Flags& flags);
+// The "engine options" paragraph of `nanovllm help`, its version ranges read from the code that checks them.
+std::string engine_options_help();
 
 // --collectives spin|events: how GPU tensor-parallel ranks wait for each other (EngineConfig::collectives);
 // default spin. Any other value is a usage error.

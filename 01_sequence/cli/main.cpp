@@ -79,26 +79,10 @@ const std::vector<Command>& commands() {
   return table;
 }
 
-const char* const kEngineOptionsHelp =
-    "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
-    "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
-    "                --enforce-eager --tensor-parallel-size N --attention-version N (0-11: chapter 05's kernels;\n"
-    "                default: each phase's fastest) --linear-version N (1-7: chapter 06's projections on the\n"
-    "                GPU, 1 cuBLAS only, 2 + our GEMV for one row, 3 + timed cuBLASLt, 4 + our split-K GEMM,\n"
-    "                5 + our tensor-core GEMV for 2-8 rows, 6 = 5 + our wgmma GEMM for 9-48 rows (o_proj and\n"
-    "                down_proj: 9-64) on sm_90, and gate_up's SiLU inside its kernel for 1-128 rows\n"
-    "                (the default), 7 = 6 + at one row the norms, SiLU and residual adds inside them)\n"
-    "                --seed S --trace --no-overlap (the plain loop: each step waits for the tokens of the one\n"
-    "                before; by default step n + 1 is launched before step n's tokens are read, where it can)\n"
-    "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
-    "                kernels that wait on flags; events, CUDA events and a host barrier, eager only, for\n"
-    "                compute-sanitizer)\n"
-    "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
-
 void print_usage(FILE* out) {
   std::fprintf(out, "usage: nanovllm COMMAND [flags]\n\ncommands:\n");
   for (const Command& c : commands()) std::fprintf(out, "  %s\n", c.usage);
-  std::fprintf(out, "\n%s", kEngineOptionsHelp);
+  std::fprintf(out, "\n%s", nanovllm::engine_options_help().c_str());
 }
 
 }  // namespace
@@ -140,7 +124,7 @@ int main(int argc, char** argv) {
     for (int i = 2; i < argc; i++) {
       if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
         std::printf("usage: nanovllm %s\n", c.usage);
-        if (c.value_flags.size() > 5) std::printf("\n%s", kEngineOptionsHelp);
+        if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
         return 0;
       }
     }
