@@ -280,63 +280,64 @@ void run(int blocks, int phases) {
   cudaStream_t s; CK(cudaStreamCreate(&s));
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   const double bytes = double(w_stride) * phases * 2;
-  auto time_graph = [&](bool pdl, bool early = false) {
+  // ms per run of launch(): 3 runs to warm up, then 20 timed.
+  auto time_runs = [&](auto launch) {
+    for (int i = 0; i < 3; i++) launch();
+    CK(cudaStreamSynchronize(s));
+    CK(cudaGetLastError());
+    const int reps = 20;
+    cudaEventRecord(a, s);
+    for (int i = 0; i < reps; i++) launch();
+    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
+    CK(cudaGetLastError());
+    float ms; cudaEventElapsedTime(&ms, a, b);
+    return ms / reps;
+  };
+  // ms per replay of a graph of the chain: launch_phase(config, p) for every phase, config overlapped
+  // (programmatic dependent launch) where pdl(p) says so; then after() (stream work ending the chain).
+  auto time_chain_graph = [&](auto pdl, auto launch_phase, auto after) {
     cudaGraph_t g; cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     for (int p = 0; p < phases; p++) {
       cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       at[0].val.programmaticStreamSerializationAllowed = 1;
       cudaLaunchConfig_t c = {}; c.gridDim = blocks; c.blockDim = THREADS; c.stream = s;
-      c.attrs = at; c.numAttrs = pdl ? 1 : 0;
-      const __nv_bfloat16* w = W + size_t(p) * w_stride;
-      const float* x = bufs + size_t(p) * rows; float* y = bufs + size_t(p + 1) * rows;
-      if (pdl && early) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true, true>, w, x, y));
-      else if (pdl) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true>, w, x, y));
-      else CK(cudaLaunchKernelEx(&c, phase_kernel<RW, false>, w, x, y));
+      c.attrs = at; c.numAttrs = pdl(p) ? 1 : 0;
+      launch_phase(c, p);
     }
+    after();
     CK(cudaStreamEndCapture(s, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    const int reps = 20;
-    cudaEventRecord(a, s);
-    for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, s));
-    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
-    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
+    const float ms = time_runs([&]() { CK(cudaGraphLaunch(ge, s)); });
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
     return ms;
+  };
+  auto time_graph = [&](bool pdl, bool early = false) {
+    return time_chain_graph([&](int) { return pdl; },
+                            [&](cudaLaunchConfig_t& c, int p) {
+                              const __nv_bfloat16* w = W + size_t(p) * w_stride;
+                              const float* x = bufs + size_t(p) * rows; float* y = bufs + size_t(p + 1) * rows;
+                              if (pdl && early) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true, true>, w, x, y));
+                              else if (pdl) CK(cudaLaunchKernelEx(&c, phase_kernel<RW, true>, w, x, y));
+                              else CK(cudaLaunchKernelEx(&c, phase_kernel<RW, false>, w, x, y));
+                            },
+                            [] {});
   };
   unsigned base = 0;
   auto time_persistent = [&]() {
-    auto launch = [&]() {
+    return time_runs([&]() {
       persistent_kernel<RW><<<blocks, THREADS, 0, s>>>(W, w_stride, bufs, phases, counter, base);
       base += unsigned(phases - 1) * blocks;
-    };
-    for (int i = 0; i < 3; i++) launch();
-    CK(cudaStreamSynchronize(s));
-    const int reps = 20;
-    cudaEventRecord(a, s);
-    for (int i = 0; i < reps; i++) launch();
-    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
-    return ms;
+    });
   };
   auto time_deep = [&]() {
     const size_t smem = size_t(S) * WARPS * RW * IN * 2;
     CK(cudaFuncSetAttribute(deep_kernel<RW, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    auto launch = [&]() {
+    return time_runs([&]() {
       deep_kernel<RW, S><<<blocks, THREADS, smem, s>>>(W, w_stride, bufs, phases, counter, base);
       base += unsigned(phases - 1) * blocks;
-    };
-    for (int i = 0; i < 3; i++) launch();
-    CK(cudaStreamSynchronize(s));
-    CK(cudaGetLastError());
-    const int reps = 20;
-    cudaEventRecord(a, s);
-    for (int i = 0; i < reps; i++) launch();
-    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
-    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
-    return ms;
+    });
   };
   uint64_t* fbufs; unsigned* epoch;
   CK(cudaMalloc(&fbufs, size_t(rows) * (phases + 1) * 8));
@@ -348,44 +349,19 @@ void run(int blocks, int phases) {
   auto bump = [&]() { bump_epoch<<<1, 1, 0, s>>>(epoch); };
   bump();  // epoch 1: no buffer yet carries its tags
   auto time_flagged = [&](auto kernel) {
-    cudaGraph_t g; cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int p = 0; p < phases; p++) {
-      cudaLaunchAttribute at[1]; at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = 1;
-      cudaLaunchConfig_t c = {}; c.gridDim = blocks; c.blockDim = THREADS; c.stream = s;
-      c.attrs = at; c.numAttrs = p > 0 ? 1 : 0;
-      const __nv_bfloat16* w = W + size_t(p) * w_stride;
-      const uint64_t* x = fbufs + size_t(p) * rows; uint64_t* y = fbufs + size_t(p + 1) * rows;
-      CK(cudaLaunchKernelEx(&c, kernel, w, x, y, (const unsigned*)epoch, unsigned(p)));
-    }
-    bump();
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    const int reps = 20;
-    cudaEventRecord(a, s);
-    for (int i = 0; i < reps; i++) CK(cudaGraphLaunch(ge, s));
-    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
-    return ms;
+    return time_chain_graph([](int p) { return p > 0; },
+                            [&](cudaLaunchConfig_t& c, int p) {
+                              const __nv_bfloat16* w = W + size_t(p) * w_stride;
+                              const uint64_t* x = fbufs + size_t(p) * rows; uint64_t* y = fbufs + size_t(p + 1) * rows;
+                              CK(cudaLaunchKernelEx(&c, kernel, w, x, y, (const unsigned*)epoch, unsigned(p)));
+                            },
+                            bump);
   };
   auto time_persistent_flagged = [&](auto kernel) {
-    auto launch = [&]() {
+    return time_runs([&]() {
       kernel<<<blocks, THREADS, 0, s>>>(W, w_stride, fbufs, phases, (const unsigned*)epoch);
       bump();
-    };
-    for (int i = 0; i < 3; i++) launch();
-    CK(cudaStreamSynchronize(s));
-    const int reps = 20;
-    cudaEventRecord(a, s);
-    for (int i = 0; i < reps; i++) launch();
-    cudaEventRecord(b, s); CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms; cudaEventElapsedTime(&ms, a, b); ms /= reps;
-    return ms;
+    });
   };
   // A check that the flagged chains computed what the plain one did: the last vector's first value.
   auto last_value = [&](bool flagged) {
