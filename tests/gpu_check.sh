@@ -8,14 +8,14 @@
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
-#              beside the default (6: v6 from 9 to 48 rows, o_proj and down_proj to 64, and
-#              gate_up's SiLU in its kernel from 1 to 128) and, up to batch 4, v7's
-#              fused projections (7)
+#              beside the default (6; its row limits are 06_tensor_parallel/linear.h's kWgmma* constants)
+#              and, up to batch 4, v7's fused projections (7)
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
 #              barrier, an input polled by its tags), 04_model_runner/NOTES.md section 9
-#   probe      tests/kv_stream_probe.cu: how fast a paged KV cache can be read, and what of v9's work costs
-#              bandwidth (05_attention/NOTES.md, "What the KV stream allows"), at 4 (sequences, context) points
+#   probe      tests/kv_stream_probe.cu: how fast a paged KV cache can be read, what of v9's work costs
+#              bandwidth, and the engine's own decode attention on the same cache (05_attention/NOTES.md, "What
+#              the KV stream allows"), at 4 (sequences, context) points
 #   gap        tests/step_gap_probe.cu: what the device waits between two graph replays for the copies queued
 #              between them, and with the graph doing its own transfers (04_model_runner/NOTES.md section 3)
 #   timeline   tests/timeline.cpp (CUPTI, loaded through CUDA_INJECTION64_PATH): bench-step's graph at batch
@@ -94,7 +94,9 @@ for phase in $phases; do
       nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA tests/linear_sweep.cpp $objects -o $B/linear_sweep -lcublasLt -lcublas \
         > "$out/sweep-build.log" 2>&1 && $B/linear_sweep | tee "$out/sweep.log" || status=1 ;;
     probe)
-      nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/kv_stream_probe.cu -o $B/kv_stream_probe > "$out/probe-build.log" 2>&1 ||
+      objects=$(find $B/obj -name '*.o' ! -name '*_test.*' ! -path '*/tests/*' ! -name 'main.cpp.o')
+      nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA -gencode arch=compute_90a,code=sm_90a tests/kv_stream_probe.cu $objects \
+        -o $B/kv_stream_probe -lcublasLt -lcublas > "$out/probe-build.log" 2>&1 ||
         { status=1; tail -5 "$out/probe-build.log"; continue; }
       for shape in "256 1000" "256 500" "128 700" "64 1000"; do $B/kv_stream_probe $shape; done | tee "$out/probe.log" ;;
     chain)

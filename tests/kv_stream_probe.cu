@@ -24,9 +24,19 @@
 //                     of 256 slots (KV heads, 256, 128)): a head's 16-key tile is 4 KB in one piece, not 16 rows
 //                     of 256 bytes 2 KB apart
 //   head-major bulk   the same layout, each tile's K and V as two 4 KB bulk copies
+// and then the engine's own decode attention on the same cache (05_attention/attention.h):
+//   engine            decode_attention_cuda at the default version (v11: at 16 sequences and more one
+//                     split, v9's kernel), q ready and every key in the cache
+//   engine fused      decode_attention_fused_cuda: the same, with the q and k norms, RoPE and the new key's
+//                     write inside (as a decode step runs it)
+//   fused, no key     the same with every slot -1: the q work without the new key's write
+// Each way reads a cache of one repeated value first (cudaMemset), then cp.async, + tensor work and the two
+// engine ways run again on a cache of random values, whose reads toggle the memory's lines as a real cache's do.
 // Prints the copy bandwidth (cudaMemcpy, read + write) and each way's GB/s of K and V read.
-// Build and run on a GPU of compute capability 9.0 (tests/gpu_check.sh OUT probe does both):
-//   nvcc -O3 -arch=sm_90 -std=c++17 -I. tests/kv_stream_probe.cu -o build/kv_stream_probe
+// Build and run on a GPU of compute capability 9.0, linked with the engine's objects (tests/gpu_check.sh OUT
+// probe builds them with the engine and does both):
+//   nvcc -O3 -arch=sm_90a -std=c++17 -I. -DNANOVLLM_CUDA tests/kv_stream_probe.cu <the engine's objects> \
+//     -o build/kv_stream_probe -lcublasLt -lcublas
 //   build/kv_stream_probe [sequences (256)] [context (1000)]
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -34,12 +44,14 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "01_sequence/base/ptx.cuh"
+#include "05_attention/attention.h"
 using namespace nanovllm;
 using bf16 = __nv_bfloat16;
 #define CK(x)                                                                                 \
@@ -284,6 +296,15 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
   if (used == 0x9e3779b9u) c.sink[0] = used;
 }
 
+// Element i of a bf16 array: a random value in (-2, 2) from a hash of i and seed (xorshift-multiply).
+__global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9e3779b1u ^ uint32_t(i >> 32) ^ seed;
+    h ^= h >> 15, h *= 0x2c1b3c6du, h ^= h >> 12, h *= 0x297a2d39u, h ^= h >> 15;
+    x[i] = __float2bfloat16(float(int32_t(h)) * (2.0f / 2147483648.0f));
+  }
+}
+
 int main(int argc, char** argv) {
   const int sequences = argc > 1 ? std::atoi(argv[1]) : 256, context = argc > 2 ? std::atoi(argv[2]) : 1000;
   const int table_width = (context + kBlockSize - 1) / kBlockSize, blocks = sequences * table_width;
@@ -367,5 +388,80 @@ int main(int argc, char** argv) {
   run(probe_kernel<kBulkTensorWork>, "bulk + tensor", false, true);
   run(probe_kernel<kHeadMajor>, "head-major", false, false);
   run(probe_kernel<kHeadMajorBulk>, "head-major bulk", false, false);
+
+  // The engine's decode attention on the same cache: qkv rows and the norms' weights of random values, RoPE's
+  // tables for every position, each sequence's newest key (context - 1) at its slot of the shuffled table.
+  const AttentionShape shape{2 * kKvHeads, kKvHeads, kHeadDim, kBlockSize, 0.08838834764f};
+  const int q_dim = shape.num_heads * kHeadDim, qkv_dim = q_dim + 2 * kKvDim;
+  bf16 *qkv, *attn_out, *norms;
+  float *tables, *scratch;
+  int *positions, *new_slots, *no_slots;
+  CK(cudaMalloc(&qkv, size_t(sequences) * qkv_dim * sizeof(bf16)));
+  CK(cudaMalloc(&attn_out, size_t(sequences) * q_dim * sizeof(bf16)));
+  CK(cudaMalloc(&norms, 2 * kHeadDim * sizeof(bf16)));
+  CK(cudaMalloc(&tables, size_t(context) * kHeadDim * sizeof(float)));  // cos then sin, (context, 64) each
+  CK(cudaMalloc(&scratch, decode_attention_scratch_bytes(sequences, context, shape)));
+  CK(cudaMalloc(&positions, sequences * sizeof(int)));
+  CK(cudaMalloc(&new_slots, sequences * sizeof(int)));
+  CK(cudaMalloc(&no_slots, sequences * sizeof(int)));
+  CK(cudaMemset(no_slots, 0xff, sequences * sizeof(int)));  // -1: no new key to write
+  fill_random<<<256, 256>>>(qkv, size_t(sequences) * qkv_dim, 1);
+  fill_random<<<1, 256>>>(norms, 2 * kHeadDim, 2);
+  {
+    std::vector<float> host(size_t(context) * kHeadDim);
+    for (int pos = 0; pos < context; pos++)
+      for (int i = 0; i < kHeadDim / 2; i++) {
+        const double angle = pos * std::pow(1e6, -2.0 * i / kHeadDim);
+        host[size_t(pos) * kHeadDim / 2 + i] = float(std::cos(angle));
+        host[size_t(context + pos) * kHeadDim / 2 + i] = float(std::sin(angle));
+      }
+    CK(cudaMemcpy(tables, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    std::vector<int> pos(sequences, context - 1), slot(sequences);
+    for (int s = 0; s < sequences; s++)
+      slot[s] = table[size_t(s) * table_width + (context - 1) / kBlockSize] * kBlockSize + (context - 1) % kBlockSize;
+    CK(cudaMemcpy(positions, pos.data(), sequences * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(new_slots, slot.data(), sequences * sizeof(int), cudaMemcpyHostToDevice));
+  }
+  const QkNormRopeInputs qk{norms, norms + kHeadDim, tables, tables + size_t(context) * kHeadDim / 2, positions,
+                            new_slots, 1e-6f};
+  QkNormRopeInputs qk_no_key = qk;
+  qk_no_key.slot_mapping = no_slots;
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto run_engine = [&](bool fused, const char* name, bool new_key = true) {
+    auto once = [&] {
+      if (fused)
+        decode_attention_fused_cuda(attn_out, q_dim, qkv, qkv_dim, k, v, context_lens, block_table, table_width,
+                                    sequences, context, shape, scratch, kAttentionVersionDefault,
+                                    new_key ? qk : qk_no_key, stream);
+      else
+        decode_attention_cuda(attn_out, q_dim, qkv, qkv_dim, k, v, context_lens, block_table, table_width, sequences,
+                              context, shape, scratch, kAttentionVersionDefault, stream);
+    };
+    once();
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaEventRecord(start, stream));
+    for (int i = 0; i < 20; i++) once();
+    CK(cudaEventRecord(stop, stream));
+    CK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, start, stop));
+    std::printf("  %-16s %8.1f us a pass %6.0f GB/s\n", name, ms * 1000 / 20, read * 20 / ms / 1e6);
+  };
+  std::printf("  (engine: decode version %d, %d split(s))\n",
+              attention_version_for(AttentionPhase::Decode, kAttentionVersionDefault, shape),
+              decode_splits(sequences, shape));
+  run_engine(false, "engine");
+  run_engine(true, "engine fused");
+  run_engine(true, "fused, no key", false);
+
+  std::printf("  a cache of random values:\n");
+  fill_random<<<1024, 256>>>(k, slots * kKvDim, 3);
+  fill_random<<<1024, 256>>>(v, slots * kKvDim, 4);
+  CK(cudaDeviceSynchronize());
+  run(probe_kernel<kCpAsync>, "cp.async", false, false);
+  run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
+  run_engine(false, "engine");
+  run_engine(true, "engine fused");
   return 0;
 }
