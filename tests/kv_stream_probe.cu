@@ -44,13 +44,13 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "01_sequence/base/ptx.cuh"
+#include "04_model_runner/layers.h"
 #include "05_attention/attention.h"
 using namespace nanovllm;
 using bf16 = __nv_bfloat16;
@@ -408,14 +408,11 @@ int main(int argc, char** argv) {
   fill_random<<<256, 256>>>(qkv, size_t(sequences) * qkv_dim, 1);
   fill_random<<<1, 256>>>(norms, 2 * kHeadDim, 2);
   {
-    std::vector<float> host(size_t(context) * kHeadDim);
-    for (int pos = 0; pos < context; pos++)
-      for (int i = 0; i < kHeadDim / 2; i++) {
-        const double angle = pos * std::pow(1e6, -2.0 * i / kHeadDim);
-        host[size_t(pos) * kHeadDim / 2 + i] = float(std::cos(angle));
-        host[size_t(context + pos) * kHeadDim / 2 + i] = float(std::sin(angle));
-      }
-    CK(cudaMemcpy(tables, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    std::vector<float> cos_table, sin_table;
+    build_rope_table(cos_table, sin_table, context, kHeadDim, 1e6);  // Qwen3's theta
+    const size_t half = cos_table.size() * sizeof(float);
+    CK(cudaMemcpy(tables, cos_table.data(), half, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(tables + cos_table.size(), sin_table.data(), half, cudaMemcpyHostToDevice));
     std::vector<int> pos(sequences, context - 1), slot(sequences);
     for (int s = 0; s < sequences; s++)
       slot[s] = table[size_t(s) * table_width + (context - 1) / kBlockSize] * kBlockSize + (context - 1) % kBlockSize;
