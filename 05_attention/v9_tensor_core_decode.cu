@@ -17,6 +17,7 @@
 //           - O^T = V^T P^T: transposed, so that the G rows are the mma's N (8 columns, G <= 8) and the
 //             output takes 4 registers per 16 dims instead of 8. P^T's B fragment is exactly S's
 //             accumulator registers of rows 0..7 (see "P" below), so P never leaves registers.
+//           - the K/V copies marked first to evict from the L2 (TileCopier: the stream is read once a step).
 // Launch:   overlapped (cuda_utils.h: launch_overlapped): the previous kernel's tail and this kernel's
 //           start-up run together, and so do this kernel's tail and the next kernel's start. Before its
 //           wait a block already reads its context length and block table and has its first tiles' copies
@@ -99,6 +100,10 @@ struct TileCopier {
   int rows_left;               // keys from the next tile's first to key_end (a full tile: kTileKeys or more)
   int lane_row, lane_chunk;    // this lane copies chunk lane_chunk of rows lane_row, + kRowsPerCopy, ...
   int lane_offset;             // elements from a slot's row to this lane's first chunk of row lane_row
+  // A step reads each K/V row once; before it reads the row again (the next step, same layer) every
+  // layer's cache has streamed through the L2. So the tiles are marked first to evict, and the stream does
+  // not push out the lines the step still uses (NOTES.md, "The KV stream marked evict-first in the L2").
+  uint64_t policy = l2_evict_first_policy();
 
   __device__ TileCopier(const AttentionParams& p, const int32_t* table, int first_key, int key_end, int kv_head,
                         int lane)
@@ -123,8 +128,8 @@ struct TileCopier {
       const uint32_t dst = tile_offset<HEAD_DIM>(row, lane_chunk);
       // A row past key_end is still inside the tile's KV block (allocated whole), so its address is valid.
       const bool valid = row < rows_left;
-      cp_async_16(k_tile + dst, k_src + i * kRowsPerCopy * kv_dim, valid);
-      cp_async_16(v_tile + dst, v_src + i * kRowsPerCopy * kv_dim, valid);
+      cp_async_16(k_tile + dst, k_src + i * kRowsPerCopy * kv_dim, valid, policy);
+      cp_async_16(v_tile + dst, v_src + i * kRowsPerCopy * kv_dim, valid, policy);
     }
     rows_left -= kStride;
     offset += kStride;

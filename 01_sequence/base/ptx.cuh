@@ -1,8 +1,9 @@
 // ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5, v6 and v9,
 // 06_tensor_parallel's linear_split_k.cu), one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
-// m16n8k16), the copy engine's barriers and bulk copy of 06_tensor_parallel's sm_90 kernels, what the
-// warpgroup MMA (wgmma) kernels of both chapters share (05_attention's v12, 06_tensor_parallel's
-// linear_wgmma.cu), and the remote stores into a cluster peer's shared memory of 05_attention's v11.
+// m16n8k16, and createpolicy for v9's L2 hint), the copy engine's barriers and bulk copy of
+// 06_tensor_parallel's sm_90 kernels, what the warpgroup MMA (wgmma) kernels of both chapters share
+// (05_attention's v12, 06_tensor_parallel's linear_wgmma.cu), and the remote stores into a cluster peer's
+// shared memory of 05_attention's v11.
 // Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the fragment
 // layouts ldmatrix and mma use. Here, in base, because two chapters use them.
 #pragma once
@@ -20,6 +21,19 @@ __device__ inline uint32_t smem_address(const void* p) { return uint32_t(__cvta_
 // writes 16 zero bytes and reads nothing (src-size 0); src must still be a valid address.
 __device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// An L2 cache policy (PTX: createpolicy) that marks the lines an access brings in as the first to evict:
+// for data read once and not again soon, so that it does not push out what will be.
+__device__ inline uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async_16 under an L2 cache policy (l2_evict_first_policy), the same bytes.
+__device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy)
                : "memory");
 }
 // Closes the group of cp.async this thread issued since its last commit.
