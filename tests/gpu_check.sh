@@ -36,6 +36,8 @@ make -j"$(nproc)" BUILD=$B CUDA_ARCH=90 all $(for c in 01 02 03 04 05 06 07; do 
   $B/test_e2e $B/test_book > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 status=0
+# The engine's objects, without tests or main: what the measurement programs below link against.
+engine_objects() { find $B/obj -name '*.o' ! -name '*_test.*' ! -path '*/tests/*' ! -name 'main.cpp.o'; }
 for phase in $phases; do
   t0=$(date +%s)
   case $phase in
@@ -90,12 +92,10 @@ for phase in $phases; do
         echo "$line"
       done ;;
     sweep)
-      objects=$(find $B/obj -name '*.o' ! -name '*_test.*' ! -path '*/tests/*' ! -name 'main.cpp.o')
-      nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA tests/linear_sweep.cpp $objects -o $B/linear_sweep -lcublasLt -lcublas \
+      nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA tests/linear_sweep.cpp $(engine_objects) -o $B/linear_sweep -lcublasLt -lcublas \
         > "$out/sweep-build.log" 2>&1 && $B/linear_sweep | tee "$out/sweep.log" || status=1 ;;
     probe)
-      objects=$(find $B/obj -name '*.o' ! -name '*_test.*' ! -path '*/tests/*' ! -name 'main.cpp.o')
-      nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA -gencode arch=compute_90a,code=sm_90a tests/kv_stream_probe.cu $objects \
+      nvcc -O3 -std=c++17 -I. -DNANOVLLM_CUDA -gencode arch=compute_90a,code=sm_90a tests/kv_stream_probe.cu $(engine_objects) \
         -o $B/kv_stream_probe -lcublasLt -lcublas > "$out/probe-build.log" 2>&1 ||
         { status=1; tail -5 "$out/probe-build.log"; continue; }
       for shape in "256 1000" "256 500" "128 700" "64 1000"; do $B/kv_stream_probe $shape; done | tee "$out/probe.log" ;;
