@@ -272,7 +272,14 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int seq = blockIdx.z, kv_head = blockIdx.y, partition = blockIdx.x;
   const int G = p.num_heads / p.num_kv_heads;
+  // The step's inputs this block reads, all loaded before any of them is used: each load issued after the
+  // first use of another (the branch on the context length below) would add its round trip to the chain
+  // before the block's first copy (NOTES.md, "The step's inputs loaded together"). Fused: the new key's
+  // slot and its position.
+  const bool fused = p.q_norm != nullptr;
   const int seqlen_k = __ldcg(p.context_lens + seq);
+  const int32_t new_slot = fused ? __ldcg(p.slot_mapping + seq) : -1;
+  const int64_t position = fused ? __ldcg(p.positions + seq) : 0;
   const int partition_size = partition_size_for(p, seqlen_k);
   const int key_begin = partition * partition_size;
   const int key_end = min(seqlen_k, key_begin + partition_size);
@@ -327,12 +334,9 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   // tile: when the prologue below loads that tile, the write goes first; otherwise the prologue's copies
   // are issued first and the q work runs while they fly.
   __shared__ __align__(16) bf16 q_ready[8][HEAD_DIM];
-  const bool fused = p.q_norm != nullptr;
-  const int32_t new_slot = fused ? __ldcg(p.slot_mapping + seq) : -1;
   const bool new_key_here = new_slot >= 0 && key_end == seqlen_k;
   const bool write_first = new_key_here && num_tiles - 1 < kWarpsV9 * (kStages - 1);
   constexpr int HALF = HEAD_DIM / 2;
-  const int64_t position = fused ? __ldcg(p.positions + seq) : 0;
   const float* cos_row = fused ? p.cos_table + position * HALF : nullptr;
   const float* sin_row = fused ? p.sin_table + position * HALF : nullptr;
   // The factors of the norms and rotations this warp will do (q heads warp, warp + 4; warp 2 the new key).
