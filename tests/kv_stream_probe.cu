@@ -33,11 +33,14 @@
 // Each way reads a cache of one repeated value first (cudaMemset), then cp.async, + tensor work and the two
 // engine ways run again on a cache of random values, whose reads toggle the memory's lines as a real cache's do.
 // Prints the copy bandwidth (cudaMemcpy, read + write) and each way's GB/s of K and V read.
+// With a spread S (third argument), each sequence's context is drawn from context - S .. context + S (a fixed
+// seed) and the rows come longest first, as a step of `bench` gives them (04_model_runner/NOTES.md section 12):
+// then only the engine's ways run, since the probe's own kernels assume one context.
 // Build and run on a GPU of compute capability 9.0, linked with the engine's objects (tests/gpu_check.sh OUT
 // probe builds them with the engine and does both):
 //   nvcc -O3 -arch=sm_90a -std=c++17 -I. -DNANOVLLM_CUDA tests/kv_stream_probe.cu <the engine's objects> \
 //     -o build/kv_stream_probe -lcublasLt -lcublas
-//   build/kv_stream_probe [sequences (256)] [context (1000)]
+//   build/kv_stream_probe [sequences (256)] [context (1000)] [spread (0)]
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -307,7 +310,20 @@ __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
 
 int main(int argc, char** argv) {
   const int sequences = argc > 1 ? std::atoi(argv[1]) : 256, context = argc > 2 ? std::atoi(argv[2]) : 1000;
-  const int table_width = (context + kBlockSize - 1) / kBlockSize, blocks = sequences * table_width;
+  const int spread = argc > 3 ? std::atoi(argv[3]) : 0;
+  if (sequences < 1 || context < 1 || spread < 0 || spread >= context) {
+    std::printf("error: want sequences >= 1, context >= 1 and 0 <= spread < context\n");
+    return 1;
+  }
+  const int max_context = context + spread;  // the longest context; every row's table is this wide
+  std::vector<int> lens(sequences, context);
+  if (spread > 0) {
+    std::mt19937 draw(11);
+    std::uniform_int_distribution<int> length(context - spread, context + spread);
+    for (int& len : lens) len = length(draw);
+    std::sort(lens.begin(), lens.end(), [](int a, int b) { return a > b; });
+  }
+  const int table_width = (max_context + kBlockSize - 1) / kBlockSize, blocks = sequences * table_width;
   const size_t slots = size_t(blocks) * kBlockSize, bytes = slots * kKvDim * sizeof(bf16);
   bf16 *k, *v, *out;
   int *block_table, *context_lens;
@@ -318,7 +334,7 @@ int main(int argc, char** argv) {
   CK(cudaMemset(v, 0x3c, bytes));
   CK(cudaMalloc(&out, size_t(sequences) * kKvHeads * 2 * kHeadDim * sizeof(bf16)));
   CK(cudaMalloc(&sink, sizeof(unsigned)));
-  std::vector<int> table(blocks), lens(sequences, context);
+  std::vector<int> table(blocks);
   for (int i = 0; i < blocks; i++) table[i] = i;
   std::shuffle(table.begin(), table.end(), std::mt19937(7));  // a cache's blocks come in any order
   CK(cudaMalloc(&block_table, blocks * sizeof(int)));
@@ -356,13 +372,19 @@ int main(int argc, char** argv) {
     CK(cudaEventSynchronize(stop));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, start, stop));
-    std::printf("%d sequences, context %d: copy bandwidth %.0f GB/s (read + write)\n", sequences, context,
-                2.0 * double(bytes) * 5 / ms / 1e6);
+    if (spread > 0)
+      std::printf("%d sequences, contexts %d-%d (longest first): copy bandwidth %.0f GB/s (read + write)\n",
+                  sequences, context - spread, context + spread, 2.0 * double(bytes) * 5 / ms / 1e6);
+    else
+      std::printf("%d sequences, context %d: copy bandwidth %.0f GB/s (read + write)\n", sequences, context,
+                  2.0 * double(bytes) * 5 / ms / 1e6);
     CK(cudaFree(copy));
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const double read = double(sequences) * context * kKvHeads * kRowBytes * 2;  // K and V
+  double keys = 0;
+  for (int len : lens) keys += len;
+  const double read = keys * kKvHeads * kRowBytes * 2;  // K and V
   auto run = [&](auto kernel, const char* name, bool persistent, bool padded) {
     const int smem = kWarps * kStages * 2 * kTileKeys * (padded ? kPaddedRow : kRowBytes);
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -378,19 +400,21 @@ int main(int argc, char** argv) {
     CK(cudaEventElapsedTime(&ms, start, stop));
     std::printf("  %-16s %8.1f us a pass %6.0f GB/s\n", name, ms * 1000 / 20, read * 20 / ms / 1e6);
   };
-  run(probe_kernel<kCpAsync>, "cp.async", false, false);
-  run(probe_kernel<kBulk>, "bulk copy", false, false);
-  run(probe_kernel<kTmaBox>, "TMA box", false, false);
-  run(probe_kernel<kLdGlobal>, "ld.global", false, false);
-  run(probe_kernel<kFixedCosts>, "+ fixed costs", false, false);
-  run(probe_kernel<kPersistent>, "persistent", true, false);
-  run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
-  run(probe_kernel<kBulkTensorWork>, "bulk + tensor", false, true);
-  run(probe_kernel<kHeadMajor>, "head-major", false, false);
-  run(probe_kernel<kHeadMajorBulk>, "head-major bulk", false, false);
+  if (spread == 0) {
+    run(probe_kernel<kCpAsync>, "cp.async", false, false);
+    run(probe_kernel<kBulk>, "bulk copy", false, false);
+    run(probe_kernel<kTmaBox>, "TMA box", false, false);
+    run(probe_kernel<kLdGlobal>, "ld.global", false, false);
+    run(probe_kernel<kFixedCosts>, "+ fixed costs", false, false);
+    run(probe_kernel<kPersistent>, "persistent", true, false);
+    run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
+    run(probe_kernel<kBulkTensorWork>, "bulk + tensor", false, true);
+    run(probe_kernel<kHeadMajor>, "head-major", false, false);
+    run(probe_kernel<kHeadMajorBulk>, "head-major bulk", false, false);
+  }
 
   // The engine's decode attention on the same cache: qkv rows and the norms' weights of random values, RoPE's
-  // tables for every position, each sequence's newest key (context - 1) at its slot of the shuffled table.
+  // tables for every position, each sequence's newest key (its context - 1) at its slot of the shuffled table.
   const AttentionShape shape{2 * kKvHeads, kKvHeads, kHeadDim, kBlockSize, 0.08838834764f};
   const int q_dim = shape.num_heads * kHeadDim, qkv_dim = q_dim + 2 * kKvDim;
   bf16 *qkv, *attn_out, *norms;
@@ -399,8 +423,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&qkv, size_t(sequences) * qkv_dim * sizeof(bf16)));
   CK(cudaMalloc(&attn_out, size_t(sequences) * q_dim * sizeof(bf16)));
   CK(cudaMalloc(&norms, 2 * kHeadDim * sizeof(bf16)));
-  CK(cudaMalloc(&tables, size_t(context) * kHeadDim * sizeof(float)));  // cos then sin, (context, 64) each
-  CK(cudaMalloc(&scratch, decode_attention_scratch_bytes(sequences, context, shape)));
+  CK(cudaMalloc(&tables, size_t(max_context) * kHeadDim * sizeof(float)));  // cos then sin, (max_context, 64) each
+  CK(cudaMalloc(&scratch, decode_attention_scratch_bytes(sequences, max_context, shape)));
   CK(cudaMalloc(&positions, sequences * sizeof(int)));
   CK(cudaMalloc(&new_slots, sequences * sizeof(int)));
   CK(cudaMalloc(&no_slots, sequences * sizeof(int)));
@@ -409,17 +433,19 @@ int main(int argc, char** argv) {
   fill_random<<<1, 256>>>(norms, 2 * kHeadDim, 2);
   {
     std::vector<float> cos_table, sin_table;
-    build_rope_table(cos_table, sin_table, context, kHeadDim, 1e6);  // Qwen3's theta
+    build_rope_table(cos_table, sin_table, max_context, kHeadDim, 1e6);  // Qwen3's theta
     const size_t half = cos_table.size() * sizeof(float);
     CK(cudaMemcpy(tables, cos_table.data(), half, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(tables + cos_table.size(), sin_table.data(), half, cudaMemcpyHostToDevice));
-    std::vector<int> pos(sequences, context - 1), slot(sequences);
-    for (int s = 0; s < sequences; s++)
-      slot[s] = table[size_t(s) * table_width + (context - 1) / kBlockSize] * kBlockSize + (context - 1) % kBlockSize;
+    std::vector<int> pos(sequences), slot(sequences);
+    for (int s = 0; s < sequences; s++) {
+      pos[s] = lens[s] - 1;
+      slot[s] = table[size_t(s) * table_width + pos[s] / kBlockSize] * kBlockSize + pos[s] % kBlockSize;
+    }
     CK(cudaMemcpy(positions, pos.data(), sequences * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(new_slots, slot.data(), sequences * sizeof(int), cudaMemcpyHostToDevice));
   }
-  const QkNormRopeInputs qk{norms, norms + kHeadDim, tables, tables + size_t(context) * kHeadDim / 2, positions,
+  const QkNormRopeInputs qk{norms, norms + kHeadDim, tables, tables + size_t(max_context) * kHeadDim / 2, positions,
                             new_slots, 1e-6f};
   QkNormRopeInputs qk_no_key = qk;
   qk_no_key.slot_mapping = no_slots;
@@ -429,11 +455,11 @@ int main(int argc, char** argv) {
     auto once = [&] {
       if (fused)
         decode_attention_fused_cuda(attn_out, q_dim, qkv, qkv_dim, k, v, context_lens, block_table, table_width,
-                                    sequences, context, shape, scratch, kAttentionVersionDefault,
+                                    sequences, max_context, shape, scratch, kAttentionVersionDefault,
                                     new_key ? qk : qk_no_key, stream);
       else
         decode_attention_cuda(attn_out, q_dim, qkv, qkv_dim, k, v, context_lens, block_table, table_width, sequences,
-                              context, shape, scratch, kAttentionVersionDefault, stream);
+                              max_context, shape, scratch, kAttentionVersionDefault, stream);
     };
     once();
     CK(cudaStreamSynchronize(stream));
@@ -456,8 +482,10 @@ int main(int argc, char** argv) {
   fill_random<<<1024, 256>>>(k, slots * kKvDim, 3);
   fill_random<<<1024, 256>>>(v, slots * kKvDim, 4);
   CK(cudaDeviceSynchronize());
-  run(probe_kernel<kCpAsync>, "cp.async", false, false);
-  run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
+  if (spread == 0) {
+    run(probe_kernel<kCpAsync>, "cp.async", false, false);
+    run(probe_kernel<kTensorWork>, "+ tensor work", false, false);
+  }
   run_engine(false, "engine");
   run_engine(true, "engine fused");
   return 0;
