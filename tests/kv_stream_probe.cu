@@ -373,11 +373,10 @@ int main(int argc, char** argv) {
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, start, stop));
     if (spread > 0)
-      std::printf("%d sequences, contexts %d-%d (longest first): copy bandwidth %.0f GB/s (read + write)\n",
-                  sequences, context - spread, context + spread, 2.0 * double(bytes) * 5 / ms / 1e6);
+      std::printf("%d sequences, contexts %d-%d (longest first): ", sequences, context - spread, context + spread);
     else
-      std::printf("%d sequences, context %d: copy bandwidth %.0f GB/s (read + write)\n", sequences, context,
-                  2.0 * double(bytes) * 5 / ms / 1e6);
+      std::printf("%d sequences, context %d: ", sequences, context);
+    std::printf("copy bandwidth %.0f GB/s (read + write)\n", 2.0 * double(bytes) * 5 / ms / 1e6);
     CK(cudaFree(copy));
   }
   int sms = 0;
