@@ -312,7 +312,8 @@ int main(int argc, char** argv) {
   const int sequences = argc > 1 ? std::atoi(argv[1]) : 256, context = argc > 2 ? std::atoi(argv[2]) : 1000;
   const int spread = argc > 3 ? std::atoi(argv[3]) : 0;
   if (sequences < 1 || context < 1 || spread < 0 || spread >= context) {
-    std::printf("error: want sequences >= 1, context >= 1 and 0 <= spread < context\n");
+    std::fprintf(stderr, "error: sequences %d, context %d, spread %d: want sequences >= 1, context >= 1 and 0 <= spread < context\n",
+                 sequences, context, spread);
     return 1;
   }
   const int max_context = context + spread;  // the longest context; every row's table is this wide
