@@ -134,6 +134,17 @@ int decode_splits(int num_seqs, const AttentionShape& s) {
   return std::max(1, (kBlocksToFill + work - 1) / work);
 }
 
+int cluster_decode_splits(int num_seqs, const AttentionShape& s) {
+  // As decode_splits, and 2 where that gives 1 split of fewer than two blocks an SM (an SM holds two of v9's
+  // blocks): the 16-sequence graph at 8 KV heads, whose 128 blocks left each SM one. Two splits merged in
+  // the cluster (no combine kernel) made that step 0.02-0.07 ms faster at contexts of 500, 1,000 and 2,000
+  // on the H200, where the same two splits at 32 sequences, and other counts at 1-8, were slower or
+  // mixed (NOTES.md, "Two blocks an SM at 16 sequences").
+  constexpr int kTwoBlocksAnSm = 256;
+  const int splits = decode_splits(num_seqs, s);
+  return splits == 1 && num_seqs * s.num_kv_heads < kTwoBlocksAnSm ? 2 : splits;
+}
+
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) {
   // v2-v9 cut the context into decode_partition_size partitions, v10 into decode_splits; v0 and v1 need no
   // scratch, nor does v10 with 1 split.
@@ -164,9 +175,9 @@ void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, cons
   p.partition_size = decode_partition_size(num_seqs, shape);
   p.max_partitions = std::max(1, (max_context_len + p.partition_size - 1) / p.partition_size);
   if (v == 10) p.splits = decode_splits(num_seqs, shape), p.max_partitions = p.splits;
-  if (v == 11) {  // as v10, up to the largest cluster (without clusters v11 is v10: splits and a combine)
+  if (v == 11) {  // up to the largest cluster, by cluster_decode_splits (without clusters v11 is v10: splits and a combine)
     const int most = tensor_core_decode_max_cluster();
-    p.splits = most > 1 ? std::min(decode_splits(num_seqs, shape), most) : decode_splits(num_seqs, shape);
+    p.splits = most > 1 ? std::min(cluster_decode_splits(num_seqs, shape), most) : decode_splits(num_seqs, shape);
     p.max_partitions = p.splits;
   }
   const size_t entries = size_t(num_seqs) * shape.num_heads * p.max_partitions;

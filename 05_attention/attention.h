@@ -122,6 +122,8 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& shape);
 int decode_partition_size(int num_seqs, const AttentionShape& shape);
 int decode_splits(int num_seqs, const AttentionShape& shape);
+// v11's count where the GPU holds clusters: decode_splits, but 2 instead of 1 below two blocks an SM.
+int cluster_decode_splits(int num_seqs, const AttentionShape& shape);
 constexpr int kMaxClusterSplits = 16, kPortableClusterSplits = 8;  // thread-block clusters: Hopper's most, and
                                                                     // the most every cluster GPU holds
 // The most splits v11 puts in one cluster on this GPU: kMaxClusterSplits, kPortableClusterSplits, or 1 where

@@ -15,6 +15,8 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "05_attention/attention.h"
 #include "tests/cuda_test_util.h"
@@ -293,7 +295,7 @@ TEST(Ch05_AttentionCuda, DecodeEveryPartitionSizeAndPaddingRows) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(8);
   // 8 KV heads: 4 sequences -> partitions of 64, 16 -> 128, 64 -> 256, 160 -> 512 (v2-v9); v10 splits
-  // 4 ways at 4 sequences, 1 way (no combine) from 16 on.
+  // 4 ways at 4 sequences, 1 way (no combine) from 16 on; v11 2 ways at 16 (a cluster of 2), 1 from 32.
   for (int B : {4, 16, 64, 160}) {
     std::vector<int> ctx(static_cast<size_t>(B), 0);
     for (int& c : ctx) c = 1 + int(rng() % 1500);
@@ -306,6 +308,17 @@ TEST(Ch05_AttentionCuda, DecodeEveryPartitionSizeAndPaddingRows) {
   std::vector<int> padded(20, 0);
   for (size_t b = 0; b < padded.size(); b += 2) padded[b] = 1 + int(rng() % 1500);
   check_decode(shape_of(16, 8, 128, 16), padded, rng, 4096);
+}
+
+// v11's split count (host only): decode_splits' about 128 blocks, and 2 splits instead of 1 while one split
+// leaves fewer than two blocks an SM (256); what decode_splits gives is v10's, unchanged.
+TEST(Ch05_AttentionCuda, ClusterSplitsTwoBelowTwoBlocksAnSm) {
+  const AttentionShape s = shape_of(16, 8, 128, 16);  // 8 KV heads
+  const std::vector<std::pair<int, int>> seqs_splits = {{1, 16}, {2, 8}, {4, 4}, {8, 2}, {12, 2}, {16, 2},
+                                                        {31, 2}, {32, 1}, {256, 1}};
+  for (const auto& [seqs, splits] : seqs_splits) EXPECT_EQ(cluster_decode_splits(seqs, s), splits) << seqs;
+  EXPECT_EQ(decode_splits(16, s), 1);
+  EXPECT_EQ(cluster_decode_splits(64, shape_of(4, 2, 128, 16)), 2);  // 2 KV heads: 128 blocks at 64 sequences
 }
 
 TEST(Ch05_AttentionCuda, ClusterCombineGivesTheCombineKernelsBits) {

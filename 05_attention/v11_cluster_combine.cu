@@ -16,8 +16,10 @@
 //           with the combine's formula in the combine's order once its mbarrier has counted every
 //           partition's bytes (SliceMerge in v9_tensor_core_decode.cu, which holds the kernel): the same
 //           bits as v10. Blocks past the context no longer return at once: they own a slice too.
+//           And where v10's one split would leave each SM a single block (16-31 sequences at 8 KV heads),
+//           2 splits (cluster_decode_splits): the same work in twice the blocks, merged in the cluster.
 // Launch:   grid (splits, num_kv_heads, num_seqs), clusters of (splits, 1, 1), v9's kernel with its CLUSTER
-//           parameter; no combine. With one split (16 sequences and more) or no cluster support (code not
+//           parameter; no combine. With one split (32 sequences and more) or no cluster support (code not
 //           built for sm_90), exactly v10.
 // Measured: see NOTES.md.
 #include "05_attention/kernels.cuh"
