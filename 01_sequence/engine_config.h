@@ -21,7 +21,7 @@ struct EngineConfig {
   int tensor_parallel_size = 1;
   bool enforce_eager = false;          // no CUDA graphs
   int attention_version = -1;          // CUDA attention kernel (05_attention/attention.h); -1 = each phase's fastest
-  int linear_version = 6;              // CUDA projection versions, 1 to 7 (06_tensor_parallel/linear.h)
+  int linear_version = 6;              // CUDA projection versions, 1 to 8 (06_tensor_parallel/linear.h)
   // How GPU tensor-parallel ranks wait for each other in a collective (06_tensor_parallel/all_reduce.h):
   // "spin", one-shot kernels that spin on flags (capturable in CUDA graphs), or "events", stream-ordered
   // through CUDA events and a host barrier (eager only: CUDA graphs go off; compute-sanitizer can run it).
@@ -50,7 +50,7 @@ struct EngineConfig {
       fail("tensor_parallel_size must be in [1, 8], got ", tensor_parallel_size);
     if (kvcache_block_size < 16 || kvcache_block_size % 16 != 0)
       fail("block size must be a positive multiple of 16, got ", kvcache_block_size);
-    if (linear_version < 1 || linear_version > 7) fail("linear_version must be in [1, 7], got ", linear_version);
+    if (linear_version < 1 || linear_version > 8) fail("linear_version must be in [1, 8], got ", linear_version);
     if (num_kvcache_blocks == 0 || num_kvcache_blocks < -1)
       fail("kv cache blocks must be >= 1, got ", num_kvcache_blocks);
     if (device != "" && device != "cpu" && device != "cuda") fail("device must be cpu or cuda, got '", device, "'");

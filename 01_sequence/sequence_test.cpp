@@ -99,8 +99,8 @@ TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
   c.tensor_parallel_size = 9;
   EXPECT_EQ(error_of([&] { c.validate(); }), "tensor_parallel_size must be in [1, 8], got 9");
   c = EngineConfig();
-  c.linear_version = 8;
-  EXPECT_EQ(error_of([&] { c.validate(); }), "linear_version must be in [1, 7], got 8");
+  c.linear_version = 9;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "linear_version must be in [1, 8], got 9");
   c = EngineConfig();
   c.device = "tpu";
   EXPECT_EQ(error_of([&] { c.validate(); }), "device must be cpu or cuda, got 'tpu'");

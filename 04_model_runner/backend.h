@@ -170,6 +170,16 @@ class Backend {
     qk_norm_rope_store(qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, meta.slot_mapping, heads, eps);
     attention(out, qkv, k_cache, v_cache, meta, shape);
   }
+  // A projection and the norm after it, with one rank: hidden (n, out_features) act = linear(x, weight), then
+  // add_rmsnorm(out, residual, hidden, norm_weight): o_proj with the MLP's norm, down_proj with the next layer's
+  // (or the final) norm. By default (the spec) the two operations; a backend may hand the norm the projection's
+  // split-K partial sums instead, which it adds up as the projection would (the GPU with linear version 8:
+  // 06_tensor_parallel/linear.h), and then hidden is not written. Either way out and residual are the same bits.
+  virtual void linear_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden, const Tensor& x,
+                                  const Tensor& weight, const Tensor& norm_weight, float eps) {
+    linear(hidden, x, weight);
+    add_rmsnorm(out, residual, hidden, norm_weight, eps);
+  }
   // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
   virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
   // out (n, inter) act = silu_and_mul(linear(x, weight)): the MLP's gate_up projection, weight (2 inter, in)
@@ -227,7 +237,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 
 // The GPU backend on CUDA device `device_id` (only in builds with CUDA), running attention kernel
 // `attention_version` (05_attention/attention.h; -1: each phase's fastest) and the projections of
-// `linear_version` (06_tensor_parallel/linear.h; 1 to 7). Throws Error when there is no GPU.
+// `linear_version` (06_tensor_parallel/linear.h; 1 to 8). Throws Error when there is no GPU.
 std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1, int linear_version = 6);
 // True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();

@@ -55,6 +55,10 @@ class CudaBackend final : public Backend {
     // linear_sample's per-row keys and flags, zero between calls (each call leaves them so).
     sample_keys_ = Buffer(Device::CUDA, kWgmmaSampleMaxRows * (sizeof(unsigned long long) + sizeof(int)));
     CUDA_CHECK(cudaMemset(sample_keys_.data(), 0, sample_keys_.bytes()));
+    // Linear version 8: the narrow projections' split-K partials, kept until the norm after them has added
+    // them (linear_add_rmsnorm): up to kWgmmaMaxSplits x kWgmmaNarrowRows x kWgmmaNarrowOut floats, 12.6 MB.
+    if (linear_version == 8)
+      partials_ = Buffer(Device::CUDA, size_t(kWgmmaMaxSplits) * kWgmmaNarrowRows * kWgmmaNarrowOut * sizeof(float));
   }
   ~CudaBackend() override {
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);
@@ -223,6 +227,19 @@ class CudaBackend final : public Backend {
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
     silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
   }
+  void linear_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden, const Tensor& x,
+                          const Tensor& weight, const Tensor& norm_weight, float eps) override {
+    const int n = int(x.rows()), in = int(weight.shape[1]), out_features = int(weight.shape[0]);
+    if (partials_.data() && int64_t(kWgmmaMaxSplits) * n * out_features * 4 <= int64_t(partials_.bytes())) {
+      float* partials = static_cast<float*>(partials_.data());
+      if (const int splits = linear_->run_partials(partials, b16(x), b16(weight), n, in, out_features)) {
+        add_rmsnorm_partials_cuda(b16(out), b16(residual), partials, splits, b16(norm_weight), n, out_features, eps,
+                                  stream_);
+        return;
+      }
+    }
+    Backend::linear_add_rmsnorm(out, residual, hidden, x, weight, norm_weight, eps);
+  }
   bool fuses_linear_silu(int64_t rows) const override { return linear_->fuses_silu(int(rows)); }
   void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override {
     if (linear_->run_silu(b16(out), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0])))
@@ -306,6 +323,7 @@ class CudaBackend final : public Backend {
   // which graphs pull (graph_pulls_, by graph id; capture_pulls_ while one is captured).
   Buffer pull_counter_, pull_flag_;
   Buffer sample_keys_;  // linear_sample: (kWgmmaSampleMaxRows,) u64 keys, then as many i32 flags
+  Buffer partials_;     // linear_add_rmsnorm with linear version 8 (empty otherwise)
   int64_t pulls_replayed_ = 0;
   std::vector<bool> graph_pulls_;
   bool capture_pulls_ = false;

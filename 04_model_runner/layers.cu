@@ -32,13 +32,41 @@ __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* id
   }
 }
 
+// v (8 values) = the sum of partials[s * stride + at + k] over s < splits in split order, rounded to bf16 as a
+// projection's output: the ending of linear_wgmma_cuda's cluster sum, which starts from +0.0f, or with one split
+// its plain store (from -0.0f, which adds nothing to any value, -0.0 included). Every load is issued first.
+__device__ inline void partial_sum_x8(const float* partials, int splits, int64_t stride, int64_t at, float (&v)[8]) {
+  constexpr int kMost = 8;  // 06_tensor_parallel/linear.h, kWgmmaMaxSplits
+  float4 p[kMost][2];
+#pragma unroll
+  for (int s = 0; s < kMost; s++)
+    if (s < splits) {
+      p[s][0] = __ldcg(reinterpret_cast<const float4*>(partials + s * stride + at));
+      p[s][1] = __ldcg(reinterpret_cast<const float4*>(partials + s * stride + at + 4));
+    }
+  const float start = splits == 1 ? -0.0f : 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; k++) v[k] = start;
+#pragma unroll
+  for (int s = 0; s < kMost; s++)
+    if (s < splits) {
+      v[0] += p[s][0].x, v[1] += p[s][0].y, v[2] += p[s][0].z, v[3] += p[s][0].w;
+      v[4] += p[s][1].x, v[5] += p[s][1].y, v[6] += p[s][1].z, v[7] += p[s][1].w;
+    }
+#pragma unroll
+  for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16(v[k]));
+}
+
 // out = x / rms(x) * w for one row per block; with RESIDUAL, x += residual first and the (rounded) sum is
 // written back to residual. CHUNKS: 16-byte chunks a thread holds, at least hidden / (8 * kRowThreads) (1 for
 // hidden 1,024). A compile-time count, so that the registers are those of the row at hand: sized for the
 // largest row (8 chunks) the kernel took 115 registers, 4 blocks an SM, and a prefill's 16,000-row calls
-// ran at two thirds of their bandwidth (04_model_runner/NOTES.md section 13).
-template <bool RESIDUAL, int CHUNKS>
-__global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps) {
+// ran at two thirds of their bandwidth (04_model_runner/NOTES.md section 13). PARTIALS (with RESIDUAL): x is
+// not read, its values are the sum of `splits` fp32 partials (splits, n, hidden) in split order, rounded to
+// bf16 (add_rmsnorm_partials_cuda); a kernel of its own, since its loads take registers the others must not.
+template <bool RESIDUAL, int CHUNKS, bool PARTIALS = false>
+__global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int hidden, float eps,
+                               const float* partials, int splits) {
   // The next kernel may start at once, before this one's wait: it is a projection, which reads nothing but
   // its weights before its own wait, so its weights come in while the projection before this norm ends
   // (cuda_utils.h, "a norm lets the next kernel in first"; 04_model_runner/NOTES.md, section 4).
@@ -60,7 +88,11 @@ __global__ void rmsnorm_kernel(bf16* out, bf16* residual, const bf16* x, const b
   for (int i = 0; i < CHUNKS; i++) {
     int c = threadIdx.x + i * kRowThreads;
     if (c >= hidden / 8) break;
-    load_bf16x8(x + base + 8 * c, v[i]);
+    if constexpr (PARTIALS) {
+      partial_sum_x8(partials, splits, int64_t(gridDim.x) * hidden, base + 8 * c, v[i]);
+    } else {
+      load_bf16x8(x + base + 8 * c, v[i]);
+    }
     if (RESIDUAL) {
       float r[8];
       load_bf16x8(residual + base + 8 * c, r);
@@ -256,23 +288,25 @@ void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int
 // section 13): the prefill's norms 24.2 -> 16.9 ms sized to the row, but the decode's 87.6 -> 103.4 ms, the step at
 // 256 rows 7.99 -> 8.10 ms. Why was not measured; a guess: in a step the norm's blocks become resident while
 // the projection before it still runs (launched overlapped), and with room for 16 an SM they crowd onto few SMs.
-template <bool RESIDUAL>
+template <bool RESIDUAL, bool PARTIALS = false>
 void launch_rmsnorm(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const float* partials = nullptr, int splits = 0) {
   assert(hidden % 8 == 0 && hidden <= 8 * kMaxChunksPerThread * kRowThreads);
   if (n == 0) return;
-  const int chunks = n >= kPrefillRows ? (hidden / 8 + kRowThreads - 1) / kRowThreads : kMaxChunksPerThread;
+  // PARTIALS: sized to the row at any n (sized for the largest row, its loads of up to 8 partials a chunk
+  // would take 188 registers a thread).
+  const int chunks = n >= kPrefillRows || PARTIALS ? (hidden / 8 + kRowThreads - 1) / kRowThreads : kMaxChunksPerThread;
   auto launch = [&](auto kernel) {
-    launch_overlapped(kernel, n, kRowThreads, 0, stream, out, residual, x, weight, hidden, eps);
+    launch_overlapped(kernel, n, kRowThreads, 0, stream, out, residual, x, weight, hidden, eps, partials, splits);
   };
   if (chunks <= 1)
-    launch(rmsnorm_kernel<RESIDUAL, 1>);
+    launch(rmsnorm_kernel<RESIDUAL, 1, PARTIALS>);
   else if (chunks <= 2)
-    launch(rmsnorm_kernel<RESIDUAL, 2>);
+    launch(rmsnorm_kernel<RESIDUAL, 2, PARTIALS>);
   else if (chunks <= 4)
-    launch(rmsnorm_kernel<RESIDUAL, 4>);
+    launch(rmsnorm_kernel<RESIDUAL, 4, PARTIALS>);
   else
-    launch(rmsnorm_kernel<RESIDUAL, kMaxChunksPerThread>);
+    launch(rmsnorm_kernel<RESIDUAL, kMaxChunksPerThread, PARTIALS>);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -283,6 +317,12 @@ void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidde
 void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
                       cudaStream_t stream) {
   launch_rmsnorm<true>(out, residual, x, weight, n, hidden, eps, stream);
+}
+
+void add_rmsnorm_partials_cuda(bf16* out, bf16* residual, const float* partials, int splits, const bf16* weight, int n,
+                               int hidden, float eps, cudaStream_t stream) {
+  assert(splits >= 1 && splits <= 8 && reinterpret_cast<uintptr_t>(partials) % 16 == 0);
+  launch_rmsnorm<true, true>(out, residual, nullptr, weight, n, hidden, eps, stream, partials, splits);
 }
 
 void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,

@@ -70,6 +70,11 @@ void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidde
 // residual (bf16) += x, rounded to bf16 as the new residual; out = rmsnorm of the unrounded fp32 sum.
 void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
                       cudaStream_t stream);
+// add_rmsnorm_cuda with x the sum of a projection's split-K partials (splits, n, hidden) fp32, added in split
+// order and rounded to bf16 as the projection would have stored it (06_tensor_parallel's
+// linear_wgmma_partials_cuda; linear version 8): the same bits as that projection followed by add_rmsnorm_cuda.
+void add_rmsnorm_partials_cuda(bf16* out, bf16* residual, const float* partials, int splits, const bf16* weight, int n,
+                               int hidden, float eps, cudaStream_t stream);
 void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                        const int32_t* positions, const float* cos_table, const float* sin_table, int n,
                        int num_heads, int num_kv_heads, int head_dim, float eps, cudaStream_t stream);

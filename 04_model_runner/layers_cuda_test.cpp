@@ -59,6 +59,41 @@ TEST(Ch04_LayersCuda, RmsNormAndFusedAdd) {
   }
 }
 
+// Linear version 8: the norm after a narrow projection adds the projection's split-K partials itself. Its
+// out and residual must be add_rmsnorm_cuda's bits over x = the partials' sum in split order (from +0.0f,
+// or from -0.0f for one split), rounded to bf16 as the projection stores it; and the CPU composition's within
+// a bf16 step. 1-8 splits, rows of one and of several chunks a thread, decode-sized and prefill-sized n.
+TEST(Ch04_LayersCuda, AddRmsNormOverPartialSums) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  for (int hidden : {64, 1024, 2048})
+    for (int n : {1, 9, 192, 1100})
+      for (int splits : {1, 2, 5, 8}) {
+        const size_t size = size_t(n) * hidden;
+        std::vector<float> partials = random_bf16_values(size * splits, rng, 1.5f);
+        for (float& p : partials) p *= 1.0f + 1e-3f;  // fp32 values, not bf16 ones
+        std::vector<float> x(size);
+        for (size_t e = 0; e < size; e++) {
+          float sum = splits == 1 ? -0.0f : 0.0f;
+          for (int p = 0; p < splits; p++) sum += partials[size_t(p) * size + e];
+          x[e] = bf16_to_float(float_to_bf16(sum));
+        }
+        std::vector<float> res = random_bf16_values(size, rng, 3.0f), w = random_bf16_values(size_t(hidden), rng);
+        DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w)), d_res(to_bf16(res)), d_res2(to_bf16(res)), d_out(size),
+            d_out2(size);
+        DeviceArray<float> d_partials(partials);
+        d_out.poison(), d_out2.poison();
+        add_rmsnorm_cuda(d_out.ptr, d_res.ptr, d_x.ptr, d_w.ptr, n, hidden, 1e-6f, 0);
+        add_rmsnorm_partials_cuda(d_out2.ptr, d_res2.ptr, d_partials.ptr, splits, d_w.ptr, n, hidden, 1e-6f, 0);
+        const std::string what = std::to_string(hidden) + " x " + std::to_string(n) + ", " + std::to_string(splits) + " splits";
+        EXPECT_EQ(to_float(d_out2.get()), to_float(d_out.get())) << what;
+        EXPECT_EQ(to_float(d_res2.get()), to_float(d_res.get())) << what;
+        std::vector<float> res_want = res, want(size);
+        add_rmsnorm_cpu(want.data(), res_want.data(), x.data(), w.data(), n, hidden, 1e-6f);
+        EXPECT_LE(rel_error(to_float(d_out2.get()), want), 1e-2) << what;
+      }
+}
+
 TEST(Ch04_LayersCuda, QkNormRope) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(3);

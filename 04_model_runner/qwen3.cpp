@@ -204,29 +204,37 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
     b.rmsnorm(normed, residual, weights_.norm, eps);
     return;
   }
-  for (size_t l = 0; l < weights_.layers.size(); l++) {
-    const Qwen3Weights::Layer& w = weights_.layers[l];
-    // Attention block. The first layer has no sublayer output to add yet.
-    if (l == 0) {
-      b.rmsnorm(normed, residual, w.input_layernorm, eps);
-    } else {
-      b.add_rmsnorm(normed, residual, hidden, w.input_layernorm, eps);
+  // A projection and the norm after it (residual += its output, then normed): with one rank one call,
+  // Backend::linear_add_rmsnorm, which may hand the norm the projection's partial sums; with more, the
+  // all-reduce of the row-parallel projection sits between the two.
+  const auto project_add_norm = [&](const Tensor& x, const Tensor& weight, const Tensor& norm_weight) {
+    if (!tp) {
+      b.linear_add_rmsnorm(normed, residual, hidden, x, weight, norm_weight, eps);
+      return;
     }
+    b.linear(hidden, x, weight);
+    b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads, down_proj only its MLP columns
+    b.add_rmsnorm(normed, residual, hidden, norm_weight, eps);
+  };
+  const size_t num_layers = weights_.layers.size();
+  // Attention block's norm. The first layer has no sublayer output to add; every later one's norm is taken
+  // by the down_proj before it (project_add_norm below).
+  if (num_layers > 0) b.rmsnorm(normed, residual, weights_.layers[0].input_layernorm, eps);
+  for (size_t l = 0; l < num_layers; l++) {
+    const Qwen3Weights::Layer& w = weights_.layers[l];
     b.linear(qkv, normed, w.qkv_proj);
     // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
     // store before attend, so that attention reads this step's keys from the cache too; then attention.
     // One call: the GPU does all of it in one kernel in decode (Backend::qk_norm_rope_store_attention).
     b.qk_norm_rope_store_attention(attn_out, qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin,
                                    k_caches[l], v_caches[l], heads_, eps, in.attention, shape);
-    b.linear(hidden, attn_out, w.o_proj);
-    if (tp) b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads (nano-vllm's RowParallelLinear)
-    // MLP block.
-    b.add_rmsnorm(normed, residual, hidden, w.post_attention_layernorm, eps);
+    // o_proj, and the MLP block's norm.
+    project_add_norm(attn_out, w.o_proj, w.post_attention_layernorm);
     b.linear_silu_and_mul(mlp_act, gate_up, normed, w.gate_up_proj);  // one kernel where the backend fuses them
-    b.linear(hidden, mlp_act, w.down_proj);
-    if (tp) b.all_reduce(hidden);  // row parallel: each rank's down_proj saw only its MLP columns
+    // down_proj, and the next layer's attention norm (after the last layer, the model's final norm).
+    project_add_norm(mlp_act, w.down_proj, l + 1 < num_layers ? weights_.layers[l + 1].input_layernorm : weights_.norm);
   }
-  b.add_rmsnorm(normed, residual, hidden, weights_.norm, eps);
+  if (num_layers == 0) b.rmsnorm(normed, residual, weights_.norm, eps);
 }
 
 Tensor Qwen3Model::lm_head_input(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs) {

@@ -137,9 +137,13 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
+//   --linear-version 8   as 6, and where v6 runs a projection with at most kWgmmaNarrowOut outputs (o_proj,
+//                        down_proj), its split-K sum left to the norm after it (CudaLinear::run_partials,
+//                        Backend::linear_add_rmsnorm): the blocks of a split need no cluster
+//                        (04_model_runner/NOTES.md, section 2, "v6's split-K sum in the norm after it")
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
 namespace nanovllm {
-constexpr int kLinearVersionMin = 1, kLinearVersionMax = 7, kLinearVersionDefault = 6;
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 8, kLinearVersionDefault = 6;
 
 // The largest n v3 times a choice for by multiples of 16 rows. Above it (prefill), prompts would bring too
 // many distinct shapes to time each one: there CublasLtLinear times one choice per power-of-two bucket, for
@@ -229,6 +233,7 @@ bool linear_gemv_mma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int
 // (no partials in memory, no second kernel); the copy engine (TMA) loads both operands. Needs a compute
 // capability 9.0 GPU running code built for sm_90a (linear_wgmma_available) and what v4 needs
 // (linear_split_k_fits).
+constexpr int kWgmmaMaxSplits = 8;  // v6's splits of in_features: blocks of a cluster, at most the portable 8
 struct LinearWgmmaPlan {
   int warpgroups = 1;         // 64 rows of x each: 1, 2 or 4 (n <= 64, 128, more); n > 256: more row tiles
   int block_out = 64;         // outputs per block: 64 or 128
@@ -285,6 +290,13 @@ void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, in
                        int out_features, const LinearWgmmaPlan& plan, cudaStream_t stream);
 // How many clusters of the plan's blocks the GPU holds at once (the CUDA occupancy calculator; 0: none).
 int linear_wgmma_clusters_per_wave(const LinearWgmmaPlan& plan);
+// v6 with its split-K sum left to the caller (linear version 8): partials (splits, n, out_features) fp32, split
+// s the product over its range of in_features, for linear_wgmma_plan's plan; returns its splits (at most
+// kWgmmaMaxSplits). Their sum in split order, from +0.0f (from -0.0f for one split, which leaves it as it is),
+// rounded to bf16, is linear_wgmma_cuda's bf16 y bit for bit: add_rmsnorm_partials_cuda (04_model_runner/layers.h)
+// adds them so.
+int linear_wgmma_partials_cuda(float* partials, const bf16* x, const bf16* W, int n, int in_features,
+                               int out_features, cudaStream_t stream);
 // v6 with the MLP's activation in its ending: y (n, out_features / 2) bf16 = silu(gate) * up of the
 // projection by W = [gate; up] (out_features rows, an even number), each half rounded to bf16 first: the
 // same bits as linear_wgmma_cuda followed by silu_and_mul_cuda (04_model_runner/layers.h), in one kernel.
@@ -404,7 +416,7 @@ class CudaLinear {
   void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
   // Whether n rows of the model's projections run fused, in v7 (version 7, n <= kPrefetchFasterRows, a GPU
   // that has it): the backend's rmsnorm_linear, linear_add and silu_linear_add then call linear_prefetch_cuda.
-  bool fuses(int n) const { return version_ >= 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
+  bool fuses(int n) const { return version_ == 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
   // Whether n rows of the MLP's gate_up projection may take its activation into their kernel (version 6 or
   // more: v2's and v5's rows, and v6's up to kWgmmaSiluRows); run_silu is then that kernel, y (n, out_features / 2)
   // = silu(gate) * up. run_silu returns false, queuing nothing, where it does not fuse (the caller then runs
@@ -414,6 +426,10 @@ class CudaLinear {
     return n <= kGemvMmaFasterRows || (n <= kWgmmaSiluRows && linear_wgmma_available());
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
+  // Version 8, where run would call v6 for a projection with at most kWgmmaNarrowOut outputs: that product's
+  // split-K partials into `partials` (kWgmmaMaxSplits x n x out_features floats at most), and their count.
+  // Elsewhere 0, queuing nothing (the caller then runs the projection).
+  int run_partials(float* partials, const bf16* x, const bf16* W, int n, int in_features, int out_features);
   // Whether n rows of the LM head take the sampler into their kernel (version 6 or more, kWgmmaSampleMinRows <=
   // n <= kWgmmaSampleMaxRows, a GPU with v6): the backend then calls linear_sample_cuda.
   bool fuses_sample(int n) const {

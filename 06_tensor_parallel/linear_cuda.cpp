@@ -63,6 +63,13 @@ bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features
          linear_split_k_fits(x, W, n, in_features) && linear_wgmma_available();
 }
 
+int CudaLinear::run_partials(float* partials, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
+  if (version_ != 8 || n == 0 || out_features > kWgmmaNarrowOut ||
+      !runs_wgmma(x, W, n, in_features, out_features, kWgmmaNarrowRows))
+    return 0;
+  return linear_wgmma_partials_cuda(partials, x, W, n, in_features, out_features, stream_);
+}
+
 bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (!fuses_silu(n) || out_features % 2 != 0) return false;
   if (n <= kGemvFasterRows) {  // v2's rows, as run

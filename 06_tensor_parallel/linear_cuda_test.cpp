@@ -241,6 +241,45 @@ TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
+// v6 with its split-K sum left to the norm after it (linear version 8): each split's fp32 product in its own
+// slice, (splits, n, out), nothing past them; their sum in split order (from +0.0f, from -0.0f for one split),
+// rounded to bf16, is v6's own bf16 output bit for bit. The narrow projections of Qwen3-0.6B (o_proj,
+// down_proj) over v6's rows, split over 2-8 blocks, and ragged shapes of one split.
+TEST(Ch06_LinearCuda, WgmmaPartialsAddUpToItsProduct) {
+  SKIP_WITHOUT_GPU();
+  if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
+  std::mt19937 rng(23);
+  CudaContext ctx;
+  for (int n : {9, 16, 48, 64, 65, 129, 192})
+    for (Shape s : {Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 200, 33}, Shape{n, 96, 290}}) {
+      const size_t size = size_t(s.n) * s.out;
+      std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng);
+      std::vector<float> w = random_bf16_values(size_t(s.out) * s.in, rng, 1.0f / std::sqrt(float(s.in)));
+      DeviceArray<bf16> d_x(to_bf16(x)), d_w(to_bf16(w)), d_y(size);
+      DeviceArray<float> d_partials(size * kWgmmaMaxSplits + 1);  // + a guard element
+      d_partials.poison();
+      CUDA_CHECK(cudaDeviceSynchronize());
+      linear_wgmma_cuda(d_y.ptr, false, d_x.ptr, d_w.ptr, s.n, s.in, s.out, ctx.stream);
+      const int splits = linear_wgmma_partials_cuda(d_partials.ptr, d_x.ptr, d_w.ptr, s.n, s.in, s.out, ctx.stream);
+      CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+      ASSERT_GE(splits, 1) << name(s);
+      ASSERT_LE(splits, kWgmmaMaxSplits) << name(s);
+      if (s.in >= 2048) {
+        EXPECT_GE(splits, 2) << name(s) << ": the split path is what this test is for";
+      }
+      const std::vector<float> partials = d_partials.get(), y = to_float(d_y.get());
+      for (size_t e = size * size_t(splits); e < partials.size(); e++)
+        ASSERT_TRUE(std::isnan(partials[e])) << name(s) << ": wrote past its " << splits << " slices, element " << e;
+      std::vector<float> sum(size);
+      for (size_t e = 0; e < size; e++) {
+        float acc = splits == 1 ? -0.0f : 0.0f;
+        for (int p = 0; p < splits; p++) acc += partials[size_t(p) * size + e];
+        sum[e] = bf16_to_float(float_to_bf16(acc));
+      }
+      EXPECT_EQ(sum, y) << name(s) << ", " << splits << " splits";
+    }
+}
+
 TEST(Ch06_LinearCuda, WgmmaAnyValidPlanMatchesCpu) {  // v6 with plans of one's own (the plan sweep's)
   SKIP_WITHOUT_GPU();
   if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";

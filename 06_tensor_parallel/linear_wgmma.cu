@@ -57,7 +57,7 @@ namespace {
 constexpr int kStageIn = 64;       // in_features per pipeline stage: 128 bytes of bf16, one swizzle row
 constexpr int kPipelineMax = 196608;  // bytes of stages a block may hold (of the SM's 227 KB)
 constexpr int kSweptSms = 132;        // the SMs of the H200 on which the plans above 48 rows were swept
-constexpr int kMaxSplits = 8;         // blocks per cluster: the largest portable cluster
+constexpr int kMaxSplits = kWgmmaMaxSplits;  // blocks per cluster: the largest portable cluster
 
 // The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs); at most MAX_STAGES
 // stages (3 for the sampling ending, whose blocks run two an SM: 04_model_runner/NOTES.md, section 5).
@@ -155,7 +155,11 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 // sample_tile scores it into `sampling`'s per-row keys. y (n, vocab) receives only the rows sample_tile
 // writes (top-k / top-p rows, or all with sampling.all_logits). Blocks of 3 stages, two an SM: a block's
 // ending then overlaps the other block's copies (04_model_runner/NOTES.md, section 5).
-template <int BN, int WG, class OutT, bool SILU, bool SAMPLE = false>
+//
+// PARTIALS (OutT float, not SILU; linear version 8): no sum in the cluster, and no cluster. Each split's fp32
+// tile goes to its own slice of y, (splits, n, out), and the norm after the projection adds the slices
+// (add_rmsnorm_partials_cuda, 04_model_runner/layers.h).
+template <int BN, int WG, class OutT, bool SILU, bool SAMPLE = false, bool PARTIALS = false>
 __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
     linear_wgmma_kernel(OutT* y, const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                         int n, int in, int out, int k_tiles_per_split, TileSampling sampling) {
@@ -285,6 +289,24 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
     }
     return;
   }
+  if constexpr (PARTIALS) {
+    static_assert(!SILU && !SAMPLE, "the partial sums are a plain projection's");
+    // This split's slice of y: rows [0, n) x outputs [0, out), written where the sum would have been.
+    float* const slice = y + int64_t(split) * n * out;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) {
+      const int row = row0 + row_of(i), col = out0 + col_of(i);
+      if (row >= n) continue;
+      float* dst = slice + int64_t(row) * out + col;
+      if (pairs && col + 1 < out) {
+        store_float2(dst, acc[i], acc[i + 1]);
+      } else {
+        if (col < out) store_float(dst, acc[i]);
+        if (col + 1 < out) store_float(dst + 1, acc[i + 1]);
+      }
+    }
+    return;
+  }
 
   // Split: the block's fp32 tile goes to its shared memory (over the pipeline's buffers: every copy has
   // landed and every warpgroup waited for its wgmma, but wait for the other warpgroups too)...
@@ -351,10 +373,11 @@ void with_block_shape(const LinearWgmmaPlan& plan, F&& f) {
 }
 
 // Above 48 KB of shared memory a kernel must ask for it, once, before its first launch.
-template <int BN, int WG, class OutT, bool SILU>
+template <int BN, int WG, class OutT, bool SILU, bool PARTIALS = false>
 void allow_shared_memory() {
   static const bool allowed = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<BN, WG, OutT, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<BN, WG, OutT, SILU, false, PARTIALS>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     Block<BN, WG>::kSmemBytes));
     return true;
   }();
@@ -424,21 +447,23 @@ CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
   return known[key] = map;
 }
 
-// out: W's rows (SILU: 2 x y's columns, the gate rows then the up rows).
-template <class OutT, bool SILU>
+// out: W's rows (SILU: 2 x y's columns, the gate rows then the up rows). PARTIALS: y (plan.splits, n, out),
+// and the blocks are not launched as clusters.
+template <class OutT, bool SILU, bool PARTIALS = false>
 void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, const LinearWgmmaPlan& plan,
                   cudaStream_t stream) {
   with_block_shape(plan, [&](auto bn, auto wg) {
     constexpr int BN = decltype(bn)::value, WG = decltype(wg)::value;
-    allow_shared_memory<BN, WG, OutT, SILU>();
+    allow_shared_memory<BN, WG, OutT, SILU, PARTIALS>();
     // SILU: ceil(out / 2 / (BN / 2)) tiles of BN / 2 features, the same count.
     const dim3 grid{unsigned(plan.splits), unsigned((out + BN - 1) / BN),
                     unsigned((n + Block<BN, WG>::kRows - 1) / Block<BN, WG>::kRows)};
     const CUtensorMap x_map = tensor_map(x, n, in, Block<BN, WG>::kRows),
                       w_map = tensor_map(W, out, in, SILU ? BN / 2 : BN);
-    launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT, SILU>, grid, unsigned(plan.splits),
-                                  Block<BN, WG>::kThreads, Block<BN, WG>::kSmemBytes, stream, y, x_map, w_map, n, in,
-                                  out, plan.k_tiles_per_split, TileSampling{});
+    launch_overlapped_in_clusters(linear_wgmma_kernel<BN, WG, OutT, SILU, false, PARTIALS>, grid,
+                                  PARTIALS ? 1u : unsigned(plan.splits), Block<BN, WG>::kThreads,
+                                  Block<BN, WG>::kSmemBytes, stream, y, x_map, w_map, n, in, out,
+                                  plan.k_tiles_per_split, TileSampling{});
   });
 }
 
@@ -568,6 +593,15 @@ void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in
   launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features,
                            linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave), stream);
   CUDA_CHECK_LAUNCH();
+}
+
+int linear_wgmma_partials_cuda(float* partials, const bf16* x, const bf16* W, int n, int in_features,
+                               int out_features, cudaStream_t stream) {
+  check_operands(x, W, n, in_features);
+  const LinearWgmmaPlan plan = linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave);
+  launch_wgmma<float, false, true>(partials, x, W, n, in_features, out_features, plan, stream);
+  CUDA_CHECK_LAUNCH();
+  return plan.splits;
 }
 
 bool linear_sample_fits(const bf16* x, const bf16* W, int n, int in_features) {

@@ -201,25 +201,25 @@ TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
 }
 
 TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {
-  // --linear-version picks chapter 06's projections on the GPU (1 to 7); out of range it is a usage
+  // --linear-version picks chapter 06's projections on the GPU (1 to 8); out of range it is a usage
   // error in every command that builds an engine, bench and bench-step included.
   const std::string a = " --device cpu --model " + golden_model("tiny-qwen3-a");
   for (const std::string& command : {"generate" + a + " --prompt-ids 1,2", "logits" + a + " --prompt-ids 1,2",
                                     "bench" + a + " --num-seqs 1", "bench-step" + a + " --batch 1 --context 16"}) {
-    for (const char* bad : {"0", "8", "x"}) {
+    for (const char* bad : {"0", "9", "x"}) {
       auto r = run_nanovllm(command + " --linear-version " + bad);
       EXPECT_EQ(r.exit_code, 2) << command << " --linear-version " << bad;
       EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
       EXPECT_EQ(r.err.rfind("error: --linear-version ", 0), 0u) << r.err;
     }
   }
-  auto r = run_nanovllm("generate" + a + " --prompt-ids 1,2 --linear-version 8");
-  EXPECT_EQ(r.err.rfind("error: --linear-version must be in [1, 7], got 8 (usage: nanovllm generate", 0), 0u) << r.err;
+  auto r = run_nanovllm("generate" + a + " --prompt-ids 1,2 --linear-version 9");
+  EXPECT_EQ(r.err.rfind("error: --linear-version must be in [1, 8], got 9 (usage: nanovllm generate", 0), 0u) << r.err;
   // The CPU has one projection: every version gives the same tokens.
   const std::string greedy = "generate" + a + " --prompt-ids 1,2,3 --max-tokens 4 --temperature 0";
   auto plain = run_nanovllm(greedy);
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
-  for (const char* version : {"1", "2", "3", "4", "5", "6", "7"}) {
+  for (const char* version : {"1", "2", "3", "4", "5", "6", "7", "8"}) {
     auto v = run_nanovllm(greedy + " --linear-version=" + version);
     EXPECT_EQ(v.exit_code, 0) << v.err;
     EXPECT_EQ(v.out, plain.out) << "--linear-version " << version;
@@ -227,7 +227,7 @@ TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {
   auto step = run_nanovllm("bench-step" + a + " --batch 1 --context 16 --iters 1 --linear-version 1");
   EXPECT_EQ(step.exit_code, 0) << step.err;
   auto help = run_nanovllm("bench-step --help");
-  EXPECT_NE(help.out.find("--linear-version N (1-7"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("--linear-version N (1-8"), std::string::npos) << help.out;
 }
 
 TEST(E2E_Cli, BenchStepPrintsTheStepFloor) {

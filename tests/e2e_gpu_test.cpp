@@ -231,8 +231,9 @@ bool backend_says(LLMEngine& engine, const std::function<bool(const Backend&)>& 
 // The golden prompts `copies` times over in one generate call, so that every decode step has that many
 // times their rows (max_num_seqs raised to hold them all), under graphs and eager; every copy must give the golden greedy tokens. `runs` is asked
 // of each engine's backend before it generates (false: the GPU cannot run what the test is about, and the
-// helper returns false at once).
-bool golden_copies_match(const std::string& model, int copies, const std::function<bool(const Backend&, int64_t rows)>& runs) {
+// helper returns false at once). linear_version 0: the engine's default.
+bool golden_copies_match(const std::string& model, int copies, const std::function<bool(const Backend&, int64_t rows)>& runs,
+                         int linear_version = 0) {
   Golden g = load(model);
   std::vector<std::vector<int32_t>> prompts;
   for (int c = 0; c < copies; c++) prompts.insert(prompts.end(), g.prompts.begin(), g.prompts.end());
@@ -240,6 +241,7 @@ bool golden_copies_match(const std::string& model, int copies, const std::functi
     EngineConfig c = gpu_config(model);
     c.enforce_eager = eager;
     c.max_num_seqs = std::max(c.max_num_seqs, int(prompts.size()));  // every copy in every decode step
+    if (linear_version != 0) c.linear_version = linear_version;
     LLMEngine engine(c);
     if (!backend_says(engine, [&](const Backend& b) { return runs(b, int64_t(prompts.size())); })) return false;
     const std::string what = model + (eager ? " eager, " : " graphs, ") + std::to_string(prompts.size()) + " sequences";
@@ -306,6 +308,26 @@ TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     for (int copies : {7, 20})
       if (!golden_copies_match(model, copies, wgmma_runs))
+        GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+}
+
+TEST(E2E_Gpu, NarrowProjectionsSummedInTheNormMatchTransformers) {
+  // --linear-version 8: where v6 runs o_proj and down_proj (9-192 rows), the norm after each adds the
+  // projection's split-K partials (Backend::linear_add_rmsnorm, 06_tensor_parallel/linear.h). The golden
+  // prompts 2, 7 and 20 times over (16, 56 and 160 rows a decode step), under graphs and eager; the tiny
+  // models' projections are one split each, Qwen3-0.6B's shapes split 2-8 ways in Ch06_LinearCuda's
+  // WgmmaPartialsAddUpToItsProduct.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const auto wgmma_runs = [](const Backend&, int64_t) {
+#ifdef NANOVLLM_CUDA
+    return linear_wgmma_available();
+#else
+    return false;
+#endif
+  };
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
+    for (int copies : {2, 7, 20})
+      if (!golden_copies_match(model, copies, wgmma_runs, 8))
         GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
 }
 
