@@ -292,19 +292,21 @@ TEST(E2E_Gpu, GemvProjectionsWithTheirSiluMatchTransformers) {
   }
 }
 
+// golden_copies_match's question where the test is about v6: does this GPU run it at all.
+bool wgmma_runs(const Backend&, int64_t) {
+#ifdef NANOVLLM_CUDA
+  return linear_wgmma_available();
+#else
+  return false;
+#endif
+}
+
 TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   // Above 48 rows v6 runs the projections with few outputs (06_tensor_parallel/linear.h, kWgmmaNarrowOut:
   // every projection of the tiny models) up to kWgmmaNarrowRows (192), with the plans for many rows
   // (linear_wgmma_plan): two warpgroups a block up to 128 rows, row tiles of one above. The golden prompts 7
   // times over (56 rows a decode step, graph size 64) and 20 times (160 rows: three row tiles).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto wgmma_runs = [](const Backend&, int64_t) {
-#ifdef NANOVLLM_CUDA
-    return linear_wgmma_available();
-#else
-    return false;
-#endif
-  };
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     for (int copies : {7, 20})
       if (!golden_copies_match(model, copies, wgmma_runs))
@@ -318,13 +320,6 @@ TEST(E2E_Gpu, NarrowProjectionsSummedInTheNormMatchTransformers) {
   // models' projections are one split each, Qwen3-0.6B's shapes split 2-8 ways in Ch06_LinearCuda's
   // WgmmaPartialsAddUpToItsProduct.
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const auto wgmma_runs = [](const Backend&, int64_t) {
-#ifdef NANOVLLM_CUDA
-    return linear_wgmma_available();
-#else
-    return false;
-#endif
-  };
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     for (int copies : {2, 7, 20})
       if (!golden_copies_match(model, copies, wgmma_runs, 8))
