@@ -213,7 +213,7 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
       return;
     }
     b.linear(hidden, x, weight);
-    b.all_reduce(hidden);  // row parallel: each rank's o_proj saw only its heads, down_proj only its MLP columns
+    b.all_reduce(hidden);  // row parallel (nano-vllm's RowParallelLinear): o_proj saw its heads, down_proj its MLP columns
     b.add_rmsnorm(normed, residual, hidden, norm_weight, eps);
   };
   const size_t num_layers = weights_.layers.size();
