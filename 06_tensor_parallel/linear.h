@@ -133,17 +133,18 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                        (linear_wgmma_available; cuBLAS elsewhere), and the MLP's gate_up with its
 //                        SiLU in one kernel (v2, v5 or v6) up to kWgmmaSiluRows (CudaLinear::fuses_silu),
 //                        and the LM head with the sampler in v6's ending from kWgmmaSampleMinRows to
-//                        kWgmmaSampleMaxRows (CudaLinear::fuses_sample): the default, the fastest measured
+//                        kWgmmaSampleMaxRows (CudaLinear::fuses_sample)
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
 //   --linear-version 8   as 6, and where v6 runs a projection with at most kWgmmaNarrowOut outputs (o_proj,
-//                        down_proj), its split-K sum left to the norm after it (CudaLinear::run_partials,
-//                        Backend::linear_add_rmsnorm): the blocks of a split need no cluster
-//                        (04_model_runner/NOTES.md, section 2, "v6's split-K sum in the norm after it")
+//                        down_proj) from kWgmmaPartialsMinRows rows, its split-K sum left to the norm
+//                        after it (CudaLinear::run_partials, Backend::linear_add_rmsnorm): the blocks of a
+//                        split need no cluster. The default, the fastest measured (04_model_runner/NOTES.md,
+//                        section 2, "v6's split-K sum in the norm after it")
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
 namespace nanovllm {
-constexpr int kLinearVersionMin = 1, kLinearVersionMax = 8, kLinearVersionDefault = 6;
+constexpr int kLinearVersionMin = 1, kLinearVersionMax = 8, kLinearVersionDefault = 8;
 
 // The largest n v3 times a choice for by multiples of 16 rows. Above it (prefill), prompts would bring too
 // many distinct shapes to time each one: there CublasLtLinear times one choice per power-of-two bucket, for
@@ -281,6 +282,12 @@ constexpr int kWgmmaNarrowOut = 2048, kWgmmaNarrowRows = 192;
 // o_proj could start early (kWgmmaNarrowRows above): qkv to 128 rows was slower at 64 and 128, gate_up to 192
 // slower at 160 (5.467-5.487 ms against 5.354-5.398).
 constexpr int kWgmmaSiluRows = 128;
+// Version 8 leaves the split-K sum of the projections with at most kWgmmaNarrowOut outputs to the norm after
+// them (CudaLinear::run_partials) from this many rows. Measured on the H200 (bench-step, graph step, two
+// alternating rounds, both versions with the same buffers allocated; 04_model_runner/NOTES.md, section 2):
+// slower at batch 16 (1.215-1.227 ms against 1.207-1.214), faster from 32 to 192 (batch 64: 2.542-2.557
+// against 2.588-2.618; 96: 3.499-3.505 against 3.552-3.572).
+constexpr int kWgmmaPartialsMinRows = 17;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
 // The same with a plan of one's own (the plan sweep, tests/linear_sweep.cpp): 1, 2 or 4 warpgroups, 64 or
@@ -426,9 +433,10 @@ class CudaLinear {
     return n <= kGemvMmaFasterRows || (n <= kWgmmaSiluRows && linear_wgmma_available());
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
-  // Version 8, where run would call v6 for a projection with at most kWgmmaNarrowOut outputs: that product's
-  // split-K partials into `partials` (kWgmmaMaxSplits x n x out_features floats at most), and their count.
-  // Elsewhere 0, queuing nothing (the caller then runs the projection).
+  // Version 8, where run would call v6 for a projection with at most kWgmmaNarrowOut outputs and n is at
+  // least kWgmmaPartialsMinRows: that product's split-K partials into `partials` (kWgmmaMaxSplits x n x
+  // out_features floats at most), and their count. Elsewhere 0, queuing nothing (the caller then runs the
+  // projection).
   int run_partials(float* partials, const bf16* x, const bf16* W, int n, int in_features, int out_features);
   // Whether n rows of the LM head take the sampler into their kernel (version 6 or more, kWgmmaSampleMinRows <=
   // n <= kWgmmaSampleMaxRows, a GPU with v6): the backend then calls linear_sample_cuda.

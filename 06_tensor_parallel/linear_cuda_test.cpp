@@ -280,6 +280,49 @@ TEST(Ch06_LinearCuda, WgmmaPartialsAddUpToItsProduct) {
     }
 }
 
+// Where CudaLinear hands the norm after a projection its partials (run_partials, the default version 8): the
+// narrow projections from kWgmmaPartialsMinRows rows to kWgmmaNarrowRows, nowhere else, never with version 6;
+// where it does not, it queues nothing (the guard stays untouched) and the caller runs the projection.
+TEST(Ch06_LinearCuda, PartialsOnlyWhereVersion8RunsThem) {
+  SKIP_WITHOUT_GPU();
+  if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
+  static_assert(kLinearVersionDefault == 8, "the default leaves the narrow projections' sum to the norm");
+  std::mt19937 rng(29);
+  CudaContext ctx;
+  struct Case {
+    int version, n, in, out;
+    bool partials;
+  };
+  const int lo = kWgmmaPartialsMinRows, hi = kWgmmaNarrowRows;
+  for (const Case& c : {Case{8, lo - 1, 2048, 1024, false}, Case{8, lo, 2048, 1024, true},
+                        Case{8, hi, 3072, 1024, true}, Case{8, hi + 1, 3072, 1024, false},
+                        Case{8, 64, 1024, kWgmmaNarrowOut + 64, false}, Case{6, 64, 2048, 1024, false}}) {
+    const std::string what = "version " + std::to_string(c.version) + ", " + name(Shape{c.n, c.in, c.out});
+    CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, c.version);
+    const size_t size = size_t(c.n) * c.out;
+    DeviceArray<bf16> d_x(to_bf16(random_bf16_values(size_t(c.n) * c.in, rng))), d_y(size);
+    DeviceArray<bf16> d_w(to_bf16(random_bf16_values(size_t(c.out) * c.in, rng, 1.0f / std::sqrt(float(c.in)))));
+    DeviceArray<float> d_partials(size * kWgmmaMaxSplits);
+    d_partials.poison();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const int splits = linear.run_partials(d_partials.ptr, d_x.ptr, d_w.ptr, c.n, c.in, c.out);
+    linear.run(d_y.ptr, false, d_x.ptr, d_w.ptr, c.n, c.in, c.out);
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    const std::vector<float> partials = d_partials.get(), y = to_float(d_y.get());
+    if (!c.partials) {
+      EXPECT_EQ(splits, 0) << what;
+      for (size_t e = 0; e < partials.size(); e++) ASSERT_TRUE(std::isnan(partials[e])) << what << ": wrote " << e;
+      continue;
+    }
+    ASSERT_GE(splits, 2) << what;  // Qwen3-0.6B's narrow shapes split over in_features at these rows
+    for (size_t e = 0; e < size; e++) {
+      float acc = 0.0f;
+      for (int p = 0; p < splits; p++) acc += partials[size_t(p) * size + e];
+      ASSERT_EQ(bf16_to_float(float_to_bf16(acc)), y[e]) << what << ": element " << e;
+    }
+  }
+}
+
 TEST(Ch06_LinearCuda, WgmmaAnyValidPlanMatchesCpu) {  // v6 with plans of one's own (the plan sweep's)
   SKIP_WITHOUT_GPU();
   if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";

@@ -8,8 +8,9 @@
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
-#              beside the default (6; its row limits are 06_tensor_parallel/linear.h's kWgmma* constants)
-#              and, up to batch 4, v7's fused projections (7)
+#              beside v6's (6; its row limits are 06_tensor_parallel/linear.h's kWgmma* constants), the
+#              default (8: v6 with o_proj's and down_proj's split-K sums in the norm after them) and, up to
+#              batch 4, v7's fused projections (7)
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
 #              barrier, an input polled by its tags), 04_model_runner/NOTES.md section 9
@@ -85,7 +86,7 @@ for phase in $phases; do
     linear)
       for b in 1 2 4 9 12 16 24 32 48 64; do
         line="batch $b:"
-        for v in 5 6 $([ $b -le 4 ] && echo 7); do
+        for v in 5 6 8 $([ $b -le 4 ] && echo 7); do
           $B/nanovllm bench-step --random qwen3-0.6b --batch $b --linear-version $v > "$out/step-$b-linear$v.log" 2>&1
           line="$line v$v $(grep -oE '[0-9.]+ ms under a CUDA graph' "$out/step-$b-linear$v.log")"
         done
