@@ -56,9 +56,9 @@ class CudaBackend final : public Backend {
     sample_keys_ = Buffer(Device::CUDA, kWgmmaSampleMaxRows * (sizeof(unsigned long long) + sizeof(int)));
     CUDA_CHECK(cudaMemset(sample_keys_.data(), 0, sample_keys_.bytes()));
     // Linear version 8: the narrow projections' split-K partials, kept until the norm after them has added
-    // them (linear_add_rmsnorm): up to kWgmmaMaxSplits x kWgmmaNarrowRows x kWgmmaNarrowOut floats, 12.6 MB.
+    // them (linear_add_rmsnorm): up to kWgmmaMaxSplits x kWgmmaPartialsMaxRows x kWgmmaNarrowOut floats, 12.6 MB.
     if (linear_version == 8)
-      partials_ = Buffer(Device::CUDA, size_t(kWgmmaMaxSplits) * kWgmmaNarrowRows * kWgmmaNarrowOut * sizeof(float));
+      partials_ = Buffer(Device::CUDA, size_t(kWgmmaMaxSplits) * kWgmmaPartialsMaxRows * kWgmmaNarrowOut * sizeof(float));
   }
   ~CudaBackend() override {
     for (cudaGraphExec_t g : graphs_) cudaGraphExecDestroy(g);

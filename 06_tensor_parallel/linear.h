@@ -137,11 +137,11 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //   --linear-version 7   as 6, and for n <= kPrefetchFasterRows the model's projections with the small
 //                        operations around them, in v7 (CudaLinear::fuses, Backend::fuses_around_linear);
 //                        measured no faster than 6 (04_model_runner/NOTES.md, section 2)
-//   --linear-version 8   as 6, and where v6 runs a projection with at most kWgmmaNarrowOut outputs (o_proj,
-//                        down_proj) from kWgmmaPartialsMinRows rows, its split-K sum left to the norm
-//                        after it (CudaLinear::run_partials, Backend::linear_add_rmsnorm): the blocks of a
-//                        split need no cluster. The default, the fastest measured (04_model_runner/NOTES.md,
-//                        section 2, "v6's split-K sum in the norm after it")
+//   --linear-version 8   as 6, and for a projection with at most kWgmmaNarrowOut outputs (o_proj, down_proj)
+//                        from kWgmmaPartialsMinRows to kWgmmaPartialsMaxRows rows, v6 with its split-K sum
+//                        left to the norm after it (CudaLinear::run_partials, Backend::linear_add_rmsnorm):
+//                        the blocks of a split need no cluster. The default, the fastest measured
+//                        (04_model_runner/NOTES.md, section 2, "v6's split-K sum in the norm after it")
 // cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
 namespace nanovllm {
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 8, kLinearVersionDefault = 8;
@@ -286,8 +286,9 @@ constexpr int kWgmmaSiluRows = 128;
 // them (CudaLinear::run_partials) from this many rows. Measured on the H200 (bench-step, graph step, two
 // alternating rounds, both versions with the same buffers allocated; 04_model_runner/NOTES.md, section 2):
 // slower at batch 16 (1.215-1.227 ms against 1.207-1.214), faster from 32 to 192 (batch 64: 2.542-2.557
-// against 2.588-2.618; 96: 3.499-3.505 against 3.552-3.572).
-constexpr int kWgmmaPartialsMinRows = 17;
+// against 2.588-2.618; 96: 3.499-3.505 against 3.552-3.572). Up to v6's own rows for them: above 192 the
+// cluster-summed v6 lost to cuBLAS (kWgmmaNarrowRows); without the cluster's sum it has not been measured.
+constexpr int kWgmmaPartialsMinRows = 17, kWgmmaPartialsMaxRows = kWgmmaNarrowRows;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
 // The same with a plan of one's own (the plan sweep, tests/linear_sweep.cpp): 1, 2 or 4 warpgroups, 64 or
@@ -433,10 +434,10 @@ class CudaLinear {
     return n <= kGemvMmaFasterRows || (n <= kWgmmaSiluRows && linear_wgmma_available());
   }
   bool run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features);
-  // Version 8, where run would call v6 for a projection with at most kWgmmaNarrowOut outputs and n is at
-  // least kWgmmaPartialsMinRows: that product's split-K partials into `partials` (kWgmmaMaxSplits x n x
-  // out_features floats at most), and their count. Elsewhere 0, queuing nothing (the caller then runs the
-  // projection).
+  // Version 8, for a projection with at most kWgmmaNarrowOut outputs that v6 can run, from
+  // kWgmmaPartialsMinRows to kWgmmaPartialsMaxRows rows: that product's split-K partials into `partials`
+  // (kWgmmaMaxSplits x n x out_features floats at most), and their count. Elsewhere 0, queuing nothing (the
+  // caller then runs the projection).
   int run_partials(float* partials, const bf16* x, const bf16* W, int n, int in_features, int out_features);
   // Whether n rows of the LM head take the sampler into their kernel (version 6 or more, kWgmmaSampleMinRows <=
   // n <= kWgmmaSampleMaxRows, a GPU with v6): the backend then calls linear_sample_cuda.

@@ -65,7 +65,7 @@ bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features
 
 int CudaLinear::run_partials(float* partials, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (version_ != 8 || n < kWgmmaPartialsMinRows || out_features > kWgmmaNarrowOut ||
-      !runs_wgmma(x, W, n, in_features, out_features, kWgmmaNarrowRows))
+      !runs_wgmma(x, W, n, in_features, out_features, kWgmmaPartialsMaxRows))
     return 0;
   return linear_wgmma_partials_cuda(partials, x, W, n, in_features, out_features, stream_);
 }

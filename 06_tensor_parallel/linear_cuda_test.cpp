@@ -281,7 +281,7 @@ TEST(Ch06_LinearCuda, WgmmaPartialsAddUpToItsProduct) {
 }
 
 // Where CudaLinear hands the norm after a projection its partials (run_partials, the default version 8): the
-// narrow projections from kWgmmaPartialsMinRows rows to kWgmmaNarrowRows, nowhere else, never with version 6;
+// narrow projections from kWgmmaPartialsMinRows to kWgmmaPartialsMaxRows rows, nowhere else, never with version 6;
 // where it does not, it queues nothing (the guard stays untouched) and the caller runs the projection.
 TEST(Ch06_LinearCuda, PartialsOnlyWhereVersion8RunsThem) {
   SKIP_WITHOUT_GPU();
@@ -293,7 +293,7 @@ TEST(Ch06_LinearCuda, PartialsOnlyWhereVersion8RunsThem) {
     int version, n, in, out;
     bool partials;
   };
-  const int lo = kWgmmaPartialsMinRows, hi = kWgmmaNarrowRows;
+  const int lo = kWgmmaPartialsMinRows, hi = kWgmmaPartialsMaxRows;
   for (const Case& c : {Case{8, lo - 1, 2048, 1024, false}, Case{8, lo, 2048, 1024, true},
                         Case{8, hi, 3072, 1024, true}, Case{8, hi + 1, 3072, 1024, false},
                         Case{8, 64, 1024, kWgmmaNarrowOut + 64, false}, Case{6, 64, 2048, 1024, false}}) {
