@@ -2,8 +2,8 @@
 # The GPU session in one command (for a machine with a CUDA GPU): build for the H200 (sm_90), then the
 # phases named on the command line, in order, each logging under OUT_DIR:
 #   test       every test binary (GPU tests included), a summary line each
-#   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 05-07 (06's
-#              collectives in their stream-ordered version only), and over tensor parallelism end to end
+#   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 04-07 (04's layer
+#              kernels, 06's collectives in their stream-ordered version only), and over tensor parallelism end to end
 #              on them (E2E_Gpu.TensorParallelWithStreamOrderedCollectives, `generate --collectives events`)
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
@@ -59,8 +59,9 @@ for phase in $phases; do
         [ $rc -eq 0 ] || status=1
         echo "$tool $name: exit $rc $(grep -m1 'ERROR SUMMARY' "$out/$tool-$name.log")"
       }
-      for c in 05 06 07; do
+      for c in 04 05 06 07; do
         filter="Ch${c}_*Cuda*"
+        [ $c = 04 ] && filter="Ch04_LayersCuda.*"
         [ $c = 06 ] && filter="Ch06_*Cuda*:-Ch06_AllReduceCuda.*"
         for tool in memcheck racecheck; do sanitize ch$c $tool $B/test_ch$c --gtest_filter="$filter"; done
       done
