@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A/B of the decode step and of bench.py's workload between variants of the engine, on a GPU machine (the
+# comparisons of 04_model_runner/NOTES.md and 05_attention/NOTES.md). A variant is the working tree with a
+# patch applied or not, built into a binary of its own, run with its own options and environment. The runs
+# alternate between the variants, round after round, so that a drift of the machine shows on every side.
+#
+# Usage: tests/ab.sh VARIANT...
+#   VARIANT  NAME[:PATCH[:OPTIONS[:ENV]]]: a name; a patch for `git apply` (empty: the tree as it is); engine
+#            options added to every run; VAR=VALUE settings for its runs. Examples:
+#              base    v6::--linear-version 6    r256:r256.patch    pad8:pad.patch::NANOVLLM_PAD_MIB=8
+# Settings (environment):
+#   AB_BATCHES  the batch sizes bench-step runs (default "1 16 64 256")
+#   AB_ROUNDS   rounds of bench-step over the variants (default 2)
+#   AB_STEP     bench-step's model and options (default "--random qwen3-0.6b")
+#   AB_BENCH    runs of bench per variant, alternating (default 2; 0: none)
+#   AB_BENCH_ARGS  bench's model and options (default "--random qwen3-0.6b")
+#   AB_BUILD, AB_MAKE  the build folder and make's settings (default build-gpu, "CUDA_ARCH=90")
+# Prints one line per batch size (each variant's step in ms, round by round: the graph step where there is
+# one, else the eager step) and one per bench run (tok/s). Exits non-zero if a patch does not apply or a
+# variant does not build; the tree is left as it was.
+set -uo pipefail
+[ $# -ge 1 ] || { sed -n '2,20p' "$0"; exit 2; }
+batches=${AB_BATCHES:-1 16 64 256}
+rounds=${AB_ROUNDS:-2}
+step_args=${AB_STEP:---random qwen3-0.6b}
+bench_runs=${AB_BENCH:-2}
+bench_args=${AB_BENCH_ARGS:---random qwen3-0.6b}
+B=${AB_BUILD:-build-gpu}
+make_args=${AB_MAKE:-CUDA_ARCH=90}
+mkdir -p "$B/ab"
+
+names=() options=() envs=()
+applied=""  # the patch in the tree while its variant builds: taken out again however the script ends
+trap '[ -n "$applied" ] && git apply -R "$applied"' EXIT
+for spec in "$@"; do
+  IFS=: read -r name patch opts env <<< "$spec"
+  [ -n "$name" ] || { echo "error: a variant without a name: '$spec'" >&2; exit 2; }
+  if [ -n "$patch" ]; then
+    git apply "$patch" || { echo "error: $patch does not apply (variant $name)" >&2; exit 1; }
+    applied=$patch
+  fi
+  # shellcheck disable=SC2086  # make_args is a list of settings
+  make -j"$(nproc)" BUILD="$B" $make_args "$B/nanovllm" > "$B/ab/$name.build.log" 2>&1
+  built=$?
+  [ $built -eq 0 ] && cp "$B/nanovllm" "$B/ab/$name"
+  [ -n "$applied" ] && git apply -R "$applied" && applied=""
+  [ $built -eq 0 ] || { tail -20 "$B/ab/$name.build.log"; echo "error: variant $name does not build" >&2; exit 1; }
+  names+=("$name") options+=("${opts:-}") envs+=("${env:-}")
+done
+
+# One run of variant v: bench-step's step time in ms (the graph's where it ran one).
+step_ms() {  # VARIANT_INDEX BATCH
+  local v=$1 line
+  # shellcheck disable=SC2086  # the settings and options are lists
+  line=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench-step $step_args --batch "$2" ${options[$v]} 2>&1 | grep -m1 '^step time:')
+  if [[ $line =~ ([0-9.]+)\ ms\ under\ a\ CUDA\ graph ]]; then echo "${BASH_REMATCH[1]}"
+  elif [[ $line =~ ^step\ time:\ ([0-9.]+)\ ms ]]; then echo "${BASH_REMATCH[1]}"
+  else echo "failed"; fi
+}
+for b in $batches; do
+  declare -A times=()
+  for ((r = 0; r < rounds; r++)); do
+    for v in "${!names[@]}"; do times[$v]+=" $(step_ms "$v" "$b")"; done
+  done
+  line="batch $b:"
+  for v in "${!names[@]}"; do line+="  ${names[$v]}${times[$v]}"; done
+  echo "$line"
+  unset times
+done
+for ((r = 0; r < bench_runs; r++)); do
+  for v in "${!names[@]}"; do
+    # shellcheck disable=SC2086
+    out=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench $bench_args ${options[$v]} 2>&1 | grep -m1 'Throughput')
+    echo "bench ${names[$v]}: ${out:-failed}"
+  done
+done
