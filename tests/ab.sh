@@ -32,9 +32,15 @@ mkdir -p "$B/ab"
 names=() options=() envs=()
 applied=""  # the patch in the tree while its variant builds: taken out again however the script ends
 trap '[ -n "$applied" ] && git apply -R "$applied"' EXIT
+declare -A binary_of_patch=()  # variants with the same patch share one build
 for spec in "$@"; do
   IFS=: read -r name patch opts env <<< "$spec"
   [ -n "$name" ] || { echo "error: a variant without a name: '$spec'" >&2; exit 2; }
+  names+=("$name") options+=("${opts:-}") envs+=("${env:-}")
+  if [ -n "${binary_of_patch[x$patch]:-}" ]; then
+    cp "${binary_of_patch[x$patch]}" "$B/ab/$name"
+    continue
+  fi
   if [ -n "$patch" ]; then
     git apply "$patch" || { echo "error: $patch does not apply (variant $name)" >&2; exit 1; }
     applied=$patch
@@ -45,7 +51,7 @@ for spec in "$@"; do
   [ $built -eq 0 ] && cp "$B/nanovllm" "$B/ab/$name"
   [ -n "$applied" ] && git apply -R "$applied" && applied=""
   [ $built -eq 0 ] || { tail -20 "$B/ab/$name.build.log"; echo "error: variant $name does not build" >&2; exit 1; }
-  names+=("$name") options+=("${opts:-}") envs+=("${env:-}")
+  binary_of_patch[x$patch]="$B/ab/$name"
 done
 
 # One run of variant v: bench-step's step time in ms (the graph's where it ran one).
