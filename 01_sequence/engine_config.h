@@ -21,7 +21,8 @@ struct EngineConfig {
   int tensor_parallel_size = 1;
   bool enforce_eager = false;          // no CUDA graphs
   int attention_version = -1;          // CUDA attention kernel (05_attention/attention.h); -1 = each phase's fastest
-  int linear_version = 6;              // CUDA projection versions, 1 to 8 (06_tensor_parallel/linear.h)
+  int linear_version = 8;              // CUDA projection versions, 1 to 8 (06_tensor_parallel/linear.h,
+                                       // kLinearVersionDefault)
   // How GPU tensor-parallel ranks wait for each other in a collective (06_tensor_parallel/all_reduce.h):
   // "spin", one-shot kernels that spin on flags (capturable in CUDA graphs), or "events", stream-ordered
   // through CUDA events and a host barrier (eager only: CUDA graphs go off; compute-sanitizer can run it).

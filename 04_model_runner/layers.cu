@@ -5,6 +5,7 @@
 
 #include "01_sequence/base/ptx.cuh"
 #include "04_model_runner/layers.h"
+#include "06_tensor_parallel/linear.h"
 #include "05_attention/qk_norm_rope.cuh"
 
 namespace nanovllm {
@@ -36,7 +37,7 @@ __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* id
 // projection's output: the ending of linear_wgmma_cuda's cluster sum, which starts from +0.0f, or with one split
 // its plain store (from -0.0f, which adds nothing to any value, -0.0 included). Every load is issued first.
 __device__ inline void partial_sum_x8(const float* partials, int splits, int64_t stride, int64_t at, float (&v)[8]) {
-  constexpr int kMost = 8;  // 06_tensor_parallel/linear.h, kWgmmaMaxSplits
+  constexpr int kMost = kWgmmaMaxSplits;  // the most splits v6 leaves
   float4 p[kMost][2];
 #pragma unroll
   for (int s = 0; s < kMost; s++)
@@ -321,7 +322,7 @@ void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weig
 
 void add_rmsnorm_partials_cuda(bf16* out, bf16* residual, const float* partials, int splits, const bf16* weight, int n,
                                int hidden, float eps, cudaStream_t stream) {
-  assert(splits >= 1 && splits <= 8 && reinterpret_cast<uintptr_t>(partials) % 16 == 0);
+  assert(splits >= 1 && splits <= kWgmmaMaxSplits && reinterpret_cast<uintptr_t>(partials) % 16 == 0);
   launch_rmsnorm<true, true>(out, residual, nullptr, weight, n, hidden, eps, stream, partials, splits);
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "01_sequence/engine_config.h"
 #include "03_block_manager/xxh64.h"
 #include "05_attention/attention.h"
 #include "06_tensor_parallel/linear.h"
@@ -198,6 +199,14 @@ TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_NE(plain.out.find("Total: 437tok"), std::string::npos) << plain.out;
   EXPECT_NE(plain.out.find("were read: 0 of"), std::string::npos) << plain.out;
+}
+
+TEST(E2E_Cli, TheEngineAndTheCommandLineDefaultToTheSameKernels) {
+  // EngineConfig (chapter 01) cannot include the kernels' headers; its defaults must still be theirs, or a
+  // library user would run other kernels than `nanovllm` does.
+  const EngineConfig config;
+  EXPECT_EQ(config.linear_version, kLinearVersionDefault);
+  EXPECT_EQ(config.attention_version, kAttentionVersionDefault);
 }
 
 TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {
