@@ -237,8 +237,9 @@ std::unique_ptr<Backend> make_cpu_backend();
 
 // The GPU backend on CUDA device `device_id` (only in builds with CUDA), running attention kernel
 // `attention_version` (05_attention/attention.h; -1: each phase's fastest) and the projections of
-// `linear_version` (06_tensor_parallel/linear.h; 1 to 8). Throws Error when there is no GPU.
-std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1, int linear_version = 6);
+// `linear_version` (06_tensor_parallel/linear.h; 1 to 8; -1: kLinearVersionDefault, what the command line
+// runs). Throws Error when there is no GPU.
+std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version = -1, int linear_version = -1);
 // True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();
 int cuda_device_count();

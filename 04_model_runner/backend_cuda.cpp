@@ -338,7 +338,8 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version, int linear_version) {
   if (!cuda_available()) fail("--device cuda: no CUDA device is available");
-  return std::make_unique<CudaBackend>(device_id, attention_version, linear_version);
+  return std::make_unique<CudaBackend>(device_id, attention_version,
+                                       linear_version < 0 ? kLinearVersionDefault : linear_version);
 }
 
 bool cuda_available() { return cuda_device_present(); }
