@@ -5,9 +5,11 @@
 # alternate between the variants, round after round, so that a drift of the machine shows on every side.
 #
 # Usage: tests/ab.sh VARIANT...
-#   VARIANT  NAME[:PATCH[:OPTIONS[:ENV]]]: a name; a patch for `git apply` (empty: the tree as it is); engine
-#            options added to every run; VAR=VALUE settings for its runs. Examples:
+#   VARIANT  NAME[:PATCH[:OPTIONS[:ENV]]]: a name; a patch for `git apply` (empty: the tree as it is), or an
+#            engine binary built elsewhere (an executable file: run as it is, nothing built); engine options
+#            added to every run; VAR=VALUE settings for its runs. Examples:
 #              base    v6::--linear-version 6    r256:r256.patch    pad8:pad.patch::NANOVLLM_PAD_MIB=8
+#              old:/tmp/nanovllm-before
 # Settings (environment):
 #   AB_BATCHES  the batch sizes bench-step runs (default "1 16 64 256")
 #   AB_ROUNDS   rounds of bench-step over the variants (default 2)
@@ -16,10 +18,10 @@
 #   AB_BENCH_ARGS  bench's model and options (default "--random qwen3-0.6b")
 #   AB_BUILD, AB_MAKE  the build folder and make's settings (default build-gpu, "CUDA_ARCH=90")
 # Prints one line per batch size (each variant's step in ms, round by round: the graph step where there is
-# one, else the eager step) and one per bench run (tok/s). Exits non-zero if a patch does not apply or a
-# variant does not build; the tree is left as it was.
+# one, else the eager step) and one per bench run (tok/s, and the decode steps' GB/s). Exits non-zero if a
+# patch does not apply or a variant does not build; the tree is left as it was.
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,20p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
 batches=${AB_BATCHES:-1 16 64 256}
 rounds=${AB_ROUNDS:-2}
 step_args=${AB_STEP:---random qwen3-0.6b}
@@ -39,6 +41,11 @@ for spec in "$@"; do
   names+=("$name") options+=("${opts:-}") envs+=("${env:-}")
   if [ -n "${binary_of_patch[x$patch]:-}" ]; then
     cp "${binary_of_patch[x$patch]}" "$B/ab/$name"
+    continue
+  fi
+  if [ -n "$patch" ] && [ -f "$patch" ] && [ -x "$patch" ]; then  # a binary: nothing to build
+    cp "$patch" "$B/ab/$name"
+    binary_of_patch[x$patch]="$B/ab/$name"
     continue
   fi
   if [ -n "$patch" ]; then
@@ -76,7 +83,8 @@ done
 for ((r = 0; r < bench_runs; r++)); do
   for v in "${!names[@]}"; do
     # shellcheck disable=SC2086
-    out=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench $bench_args ${options[$v]} 2>&1 | grep -m1 'Throughput')
-    echo "bench ${names[$v]}: ${out:-failed}"
+    log=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench $bench_args ${options[$v]} 2>&1)
+    out=$(grep -m1 'Throughput' <<< "$log") decode=$(grep -m1 -oE '[0-9]+ GB/s over the decode steps' <<< "$log")
+    echo "bench ${names[$v]}: ${out:-failed}${decode:+ (decode: $decode)}"
   done
 done
