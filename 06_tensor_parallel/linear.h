@@ -287,7 +287,9 @@ constexpr int kWgmmaSiluRows = 128;
 // alternating rounds, both versions with the same buffers allocated; 04_model_runner/NOTES.md, section 2):
 // slower at batch 16 (1.215-1.227 ms against 1.207-1.214), faster from 32 to 192 (batch 64: 2.542-2.557
 // against 2.588-2.618; 96: 3.499-3.505 against 3.552-3.572). Up to v6's own rows for them: above 192 the
-// cluster-summed v6 lost to cuBLAS (kWgmmaNarrowRows); without the cluster's sum it has not been measured.
+// cluster-summed v6 lost to cuBLAS (kWgmmaNarrowRows), and so did version 8 up to 256 rows (batch 256
+// 7.831-7.922 ms against 7.807-7.829, `bench` -0.25%; 04_model_runner/NOTES.md, section 2, "Where the
+// buffers land, version 8 to 256 rows, its plan at 17-48 rows").
 constexpr int kWgmmaPartialsMinRows = 17, kWgmmaPartialsMaxRows = kWgmmaNarrowRows;
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                        int out_features, cudaStream_t stream);
