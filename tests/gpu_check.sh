@@ -63,7 +63,12 @@ for phase in $phases; do
         filter="Ch${c}_*Cuda*"
         [ $c = 04 ] && filter="Ch04_LayersCuda.*"
         [ $c = 06 ] && filter="Ch06_*Cuda*:-Ch06_AllReduceCuda.*"
-        for tool in memcheck racecheck; do sanitize ch$c $tool $B/test_ch$c --gtest_filter="$filter"; done
+        sanitize ch$c memcheck $B/test_ch$c --gtest_filter="$filter"
+        # In PartialsOnlyWhereVersion8RunsThem racecheck reports a hazard inside cuBLAS's own kernel
+        # (nvjet_sm90_tst_64x40_...), and fails itself with that kernel excluded (2026-12-04,
+        # 06_tensor_parallel/README.md); version 8's kernels are raced in WgmmaPartialsAddUpToItsProduct.
+        [ $c = 06 ] && filter="$filter:Ch06_LinearCuda.PartialsOnlyWhereVersion8RunsThem"
+        sanitize ch$c racecheck $B/test_ch$c --gtest_filter="$filter"
       done
       for tool in memcheck racecheck; do
         sanitize tp-events $tool $B/test_e2e --gtest_filter='E2E_Gpu.TensorParallelWithStreamOrderedCollectives'
