@@ -181,6 +181,48 @@ TEST(Ch04_ModelRunner, DecodeRowsComeBackInTheCallersOrder) {
   EXPECT_NE(a[1].logits, a[2].logits) << "the rows must differ, or a swap would go unseen";
 }
 
+TEST(Ch04_ModelRunner, PrefillGivesTheBitsOfDecodingTokenByToken) {
+  // A prefill's last layer runs past its K/V write on each sequence's last row only (Qwen3Model::
+  // forward_hidden). On the CPU a row's arithmetic does not depend on the rows computed beside it, so a
+  // 40-token prompt prefilled whole must give the bits of the same prompt fed one token a step (a 1-token
+  // prefill, then 39 decode steps, each its own last row): the logits after the prompt, and after one more
+  // decode step, which reads the last layer's K/V of every prompt row from the cache.
+  ModelRunner runner = make_runner();
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const std::vector<int32_t> prompt = range(5, 45);
+  const int32_t next = 7;  // the token fed after the prompt
+  auto blocks = [](int first) { return std::vector<int>{first, first + 1, first + 2}; };  // room for 48 tokens
+  auto decode = [&](Sequence& seq, int32_t token) {
+    seq.append_token(token);
+    seq.num_cached_tokens = seq.num_tokens() - 1;
+    seq.num_scheduled_tokens = 1;
+    std::vector<float> logits;
+    runner.run({&seq}, false, &logits);
+    return logits;
+  };
+
+  Sequence whole(0, prompt, greedy, 0, 16);
+  whole.block_table = blocks(0);
+  whole.num_scheduled_tokens = int(prompt.size());
+  std::vector<float> whole_prompt;
+  runner.run({&whole}, true, &whole_prompt);
+  const std::vector<float> whole_next = decode(whole, next);
+
+  Sequence stepped(1, {prompt[0]}, greedy, 0, 16);
+  stepped.block_table = blocks(3);
+  stepped.num_scheduled_tokens = 1;
+  std::vector<float> stepped_prompt;
+  runner.run({&stepped}, true, &stepped_prompt);
+  for (size_t i = 1; i < prompt.size(); i++) stepped_prompt = decode(stepped, prompt[i]);
+  const std::vector<float> stepped_next = decode(stepped, next);
+
+  ASSERT_FALSE(whole_prompt.empty());
+  EXPECT_EQ(whole_prompt, stepped_prompt) << "the logits after the prompt";
+  EXPECT_EQ(whole_next, stepped_next) << "the logits of the step after it";
+  EXPECT_NE(whole_prompt, whole_next) << "the two steps must differ, or a stale row would go unseen";
+}
+
 TEST(Ch04_ModelRunner, RejectsABlockTableWiderThanMaxModelLen) {
   ModelRunner runner = make_runner();
   SamplingParams p;

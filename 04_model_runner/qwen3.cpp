@@ -144,6 +144,8 @@ Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, cons
     ws.gate_up = a.take(act, {T, 2 * I});
     ws.mlp_act = a.take(act, {T, I});
     ws.last_hidden = a.take(act, {B, H});
+    ws.last_qkv = a.take(act, {B, h.qkv_dim()});
+    ws.one_row_each = a.take(DType::I32, {B + 1});
     if (tp.tp_size > 1) ws.logits_shard = a.take(DType::F32, {B, tp.vocab_per_rank});
     ws.logits = a.take(DType::F32, {B, V});
     ws.cos = a.take(DType::F32, {P, half});
@@ -153,6 +155,9 @@ Qwen3Workspace make_qwen3_workspace(Backend& backend, const ModelConfig& c, cons
   build_rope_table(cos, sin, int(P), c.head_dim, c.rope_theta);
   backend.upload(ws.cos, cos.data());
   backend.upload(ws.sin, sin.data());
+  std::vector<int32_t> row_starts(size_t(B + 1));
+  for (int64_t i = 0; i <= B; i++) row_starts[size_t(i)] = int32_t(i);
+  backend.upload(ws.one_row_each, row_starts.data());
   return ws;
 }
 
@@ -174,12 +179,16 @@ AttentionShape Qwen3Model::attention_shape(int block_size) const {
 void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3Workspace& full_ws,
                                 const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches) {
   const int64_t T = in.input_ids.numel();
+  const int B = in.attention.num_seqs;
+  const bool prefill = in.attention.is_prefill;
   const float eps = float(config_.rms_norm_eps);
   // This step's rows of every activation buffer.
   Tensor residual = full_ws.residual.slice_rows(0, T), hidden = full_ws.hidden.slice_rows(0, T),
          normed = full_ws.normed.slice_rows(0, T), qkv = full_ws.qkv.slice_rows(0, T),
          attn_out = full_ws.attn_out.slice_rows(0, T), gate_up = full_ws.gate_up.slice_rows(0, T),
          mlp_act = full_ws.mlp_act.slice_rows(0, T);
+  // A prefill's output: the final hidden state of each sequence's last token, the LM head's input.
+  const Tensor head_input = full_ws.last_hidden.slice_rows(0, B);
   const AttentionShape shape = attention_shape(int(k_caches[0].shape[1]));
 
   // Vocab-parallel embedding: each rank fills the rows of the ids in its shard, zeros elsewhere; the
@@ -202,19 +211,21 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
       b.silu_linear_add(residual, gate_up, w.down_proj);
     }
     b.rmsnorm(normed, residual, weights_.norm, eps);
+    if (prefill) b.gather_rows(head_input, normed, in.last_token_rows);
     return;
   }
-  // A projection and the norm after it (residual += its output, then normed): with one rank one call,
-  // Backend::linear_add_rmsnorm, which may hand the norm the projection's partial sums; with more, the
-  // all-reduce of the row-parallel projection sits between the two.
-  const auto project_add_norm = [&](const Tensor& x, const Tensor& weight, const Tensor& norm_weight) {
+  // A projection and the norm after it (res += its output, then out = the norm of res): with one rank one
+  // call, Backend::linear_add_rmsnorm, which may hand the norm the projection's partial sums; with more, the
+  // all-reduce of the row-parallel projection sits between the two. hid: the projection's output, if written.
+  const auto project_add_norm = [&](const Tensor& out, const Tensor& res, const Tensor& hid, const Tensor& x,
+                                    const Tensor& weight, const Tensor& norm_weight) {
     if (!tp) {
-      b.linear_add_rmsnorm(normed, residual, hidden, x, weight, norm_weight, eps);
+      b.linear_add_rmsnorm(out, res, hid, x, weight, norm_weight, eps);
       return;
     }
-    b.linear(hidden, x, weight);
-    b.all_reduce(hidden);  // row parallel (nano-vllm's RowParallelLinear): o_proj saw its heads, down_proj its MLP columns
-    b.add_rmsnorm(normed, residual, hidden, norm_weight, eps);
+    b.linear(hid, x, weight);
+    b.all_reduce(hid);  // row parallel (nano-vllm's RowParallelLinear): o_proj saw its heads, down_proj its MLP columns
+    b.add_rmsnorm(out, res, hid, norm_weight, eps);
   };
   const size_t num_layers = weights_.layers.size();
   // Attention block's norm. The first layer has no sublayer output to add; every later one's norm is taken
@@ -222,31 +233,53 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
   if (num_layers > 0) b.rmsnorm(normed, residual, weights_.layers[0].input_layernorm, eps);
   for (size_t l = 0; l < num_layers; l++) {
     const Qwen3Weights::Layer& w = weights_.layers[l];
+    // The norm after the layer: the next layer's attention norm, after the last layer the model's final norm.
+    const Tensor& next_norm = l + 1 < num_layers ? weights_.layers[l + 1].input_layernorm : weights_.norm;
     b.linear(qkv, normed, w.qkv_proj);
+    if (prefill && l + 1 == num_layers) {
+      // The last layer of a prefill. Every row's K and V go into the cache, since later steps attend to
+      // them; past that, a row's work feeds only its own row, and only each sequence's last row reaches the
+      // LM head. So those B rows alone go on (of a 1,000-token prompt, 1 row): their q attends to the whole
+      // prompt, as the last query row of the full prefill does, through the same prefill attention with
+      // one query row a sequence. Each row is computed as it would be among all T rows (the same
+      // operations; on the CPU the same bits: 04_model_runner/model_runner_test.cpp).
+      b.qk_norm_rope_store(qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin, k_caches[l], v_caches[l],
+                           in.attention.slot_mapping, heads_, eps);
+      // The step's buffers other than qkv and residual are free now: their first B rows hold the rest.
+      const Tensor last_qkv = full_ws.last_qkv.slice_rows(0, B), last_residual = normed.slice_rows(0, B),
+                   last_attn = attn_out.slice_rows(0, B), last_hidden = hidden.slice_rows(0, B),
+                   last_gate_up = gate_up.slice_rows(0, B), last_act = mlp_act.slice_rows(0, B);
+      b.gather_rows(last_qkv, qkv, in.last_token_rows);
+      b.gather_rows(last_residual, residual, in.last_token_rows);
+      AttentionMetadata one_row_each = in.attention;
+      one_row_each.cu_seqlens_q = full_ws.one_row_each.slice_rows(0, B + 1);
+      one_row_each.max_seqlen_q = 1;
+      b.attention(last_attn, last_qkv, k_caches[l], v_caches[l], one_row_each, shape);
+      project_add_norm(head_input, last_residual, last_hidden, last_attn, w.o_proj, w.post_attention_layernorm);
+      b.linear_silu_and_mul(last_act, last_gate_up, head_input, w.gate_up_proj);
+      project_add_norm(head_input, last_residual, last_hidden, last_act, w.down_proj, next_norm);
+      return;
+    }
     // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
     // store before attend, so that attention reads this step's keys from the cache too; then attention.
     // One call: the GPU does all of it in one kernel in decode (Backend::qk_norm_rope_store_attention).
     b.qk_norm_rope_store_attention(attn_out, qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin,
                                    k_caches[l], v_caches[l], heads_, eps, in.attention, shape);
     // o_proj, and the MLP block's norm.
-    project_add_norm(attn_out, w.o_proj, w.post_attention_layernorm);
+    project_add_norm(normed, residual, hidden, attn_out, w.o_proj, w.post_attention_layernorm);
     b.linear_silu_and_mul(mlp_act, gate_up, normed, w.gate_up_proj);  // one kernel where the backend fuses them
-    // down_proj, and the next layer's attention norm (after the last layer, the model's final norm).
-    project_add_norm(mlp_act, w.down_proj, l + 1 < num_layers ? weights_.layers[l + 1].input_layernorm : weights_.norm);
+    // down_proj, and the norm after the layer.
+    project_add_norm(normed, residual, hidden, mlp_act, w.down_proj, next_norm);
   }
-  if (num_layers == 0) b.rmsnorm(normed, residual, weights_.norm, eps);
-}
-
-Tensor Qwen3Model::lm_head_input(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs) {
-  const Tensor last = lm_head_rows(in.attention.is_prefill, ws, num_seqs);
-  // Only the last token of each sequence reaches the LM head (nano-vllm ParallelLMHead).
-  if (in.attention.is_prefill) b.gather_rows(last, ws.normed, in.last_token_rows.slice_rows(0, num_seqs));
-  return last;
+  if (num_layers == 0) {
+    b.rmsnorm(normed, residual, weights_.norm, eps);
+    if (prefill) b.gather_rows(head_input, normed, in.last_token_rows);
+  }
 }
 
 void Qwen3Model::sample_in_lm_head(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const Tensor& tokens,
                                    const Tensor& sampling, int num_seqs) {
-  b.linear_sample(tokens, ws.logits.slice_rows(0, num_seqs), lm_head_input(b, in, ws, num_seqs), weights_.lm_head,
+  b.linear_sample(tokens, ws.logits.slice_rows(0, num_seqs), lm_head_rows(in.attention.is_prefill, ws, num_seqs), weights_.lm_head,
                   sampling, /*all_logits=*/false);
 }
 
@@ -257,7 +290,7 @@ void Qwen3Model::logits_of_sampled_step(Backend& b, bool is_prefill, const Qwen3
 }
 
 void Qwen3Model::compute_logits(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs) {
-  const Tensor last = lm_head_input(b, in, ws, num_seqs);
+  const Tensor last = lm_head_rows(in.attention.is_prefill, ws, num_seqs);
   if (tp_.tp_size == 1) {
     b.linear(ws.logits.slice_rows(0, num_seqs), last, weights_.lm_head);
   } else {

@@ -60,6 +60,9 @@ struct Qwen3Workspace {
   Tensor gate_up;       // (T, 2 I/tp)
   Tensor mlp_act;       // (T, I/tp)
   Tensor last_hidden;   // (B, H): one row per sequence, for the LM head
+  // A prefill's last layer goes past its K/V write on each sequence's last row only (forward_hidden):
+  Tensor last_qkv;      // (B, (Hq/tp + 2 Hkv_r) D): those rows of qkv, q normed and rotated
+  Tensor one_row_each;  // (B + 1,) i32: 0, 1, ..., B, their cu_seqlens_q (one query row a sequence)
   Tensor logits_shard;  // (B, V_r) F32: this rank's columns of the logits (tp > 1 only)
   Tensor logits;        // (B, V) F32: all of them, on rank 0 (with one rank the LM head writes it)
   Tensor cos, sin;      // (max_positions, D / 2) F32: the RoPE tables
@@ -81,8 +84,10 @@ class Qwen3Model {
  public:
   Qwen3Model(const ModelConfig& config, Qwen3Weights weights, const TensorParallelLayout& tp, int tp_rank);
 
-  // Runs the decoder over T = input_ids.numel() tokens into ws.normed (final hidden states, rows T).
-  // This is the part CUDA graphs capture for decode.
+  // Runs the decoder over T = input_ids.numel() tokens: in decode into ws.normed (final hidden states, rows
+  // T = B), in a prefill into ws.last_hidden (rows B: each sequence's last token, the only ones the LM head
+  // reads; the last layer computes nothing else past its K/V). This is the part CUDA graphs capture for
+  // decode.
   void forward_hidden(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws,
                       const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches);
   // ws.logits rows [0, B): the LM head over the last token of each sequence (prefill: gathered through
@@ -119,9 +124,8 @@ class Qwen3Model {
   int tp_rank_;
   HeadLayout heads_;  // this rank's heads
 
-  // The LM head's input, one row a sequence: ws.normed's rows (decode) or ws.last_hidden's (prefill, where
-  // lm_head_input gathers them first).
-  Tensor lm_head_input(Backend& backend, const ForwardInputs& in, const Qwen3Workspace& ws, int num_seqs);
+  // The LM head's input, one row a sequence: ws.normed's rows (decode) or ws.last_hidden's (prefill), as
+  // forward_hidden leaves them.
   static Tensor lm_head_rows(bool is_prefill, const Qwen3Workspace& ws, int num_seqs) {
     return (is_prefill ? ws.last_hidden : ws.normed).slice_rows(0, num_seqs);
   }
