@@ -18,8 +18,8 @@
 #   AB_BENCH_ARGS  bench's model and options (default "--random qwen3-0.6b")
 #   AB_BUILD, AB_MAKE  the build folder and make's settings (default build-gpu, "CUDA_ARCH=90")
 # Prints one line per batch size (each variant's step in ms, round by round: the graph step where there is
-# one, else the eager step) and one per bench run (tok/s, and the decode steps' GB/s). Exits non-zero if a
-# patch does not apply or a variant does not build; the tree is left as it was.
+# one, else the eager step) and one per bench run (tok/s, the decode steps' GB/s, the prefill steps' time, the
+# median time to first token). Exits non-zero if a patch does not apply or a variant does not build.
 set -uo pipefail
 [ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
 batches=${AB_BATCHES:-1 16 64 256}
@@ -85,6 +85,7 @@ for ((r = 0; r < bench_runs; r++)); do
     # shellcheck disable=SC2086
     log=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench $bench_args ${options[$v]} 2>&1)
     out=$(grep -m1 'Throughput' <<< "$log") decode=$(grep -m1 -oE '[0-9]+ GB/s over the decode steps' <<< "$log")
-    echo "bench ${names[$v]}: ${out:-failed}${decode:+ (decode: $decode)}"
+    prefill=$(grep -m1 -oE 'prefill steps [0-9]+ \([0-9.]+ s\)' <<< "$log") ttft=$(grep -m1 -oE 'TTFT[^;]*median [0-9.]+ ms' <<< "$log")
+    echo "bench ${names[$v]}: ${out:-failed}${decode:+ (decode: $decode)}${prefill:+; $prefill}${ttft:+; ${ttft#*: }}"
   done
 done

@@ -216,7 +216,7 @@ int cmd_bench(const Flags& flags) {
   std::printf("TTFT (time to first token): median %.1f ms, p99 %.1f ms; TPOT (time per output token): median %.2f ms, "
               "p99 %.2f ms; over %d requests arriving at t=0\n",
               1e3 * m.ttft_median, 1e3 * m.ttft_p99, 1e3 * m.tpot_median, 1e3 * m.tpot_p99, m.requests);
-  std::printf("prompt tokens %lld, prefill steps %lld (%.2f s); %lld decode steps (%.2f s, %.2f ms/step)\n",
+  std::printf("prompt tokens %lld, prefill steps %lld (%.3f s); %lld decode steps (%.3f s, %.3f ms/step)\n",
               (long long)prompt_tokens, (long long)(s.prefill_steps - before.prefill_steps), prefill_seconds,
               (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
   std::printf("decode reads >= %.1f GB (weights + KV): %.0f GB/s over the decode steps\n", decode_bytes / 1e9,
