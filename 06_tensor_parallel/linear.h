@@ -280,7 +280,8 @@ constexpr int kWgmmaNarrowOut = 2048, kWgmmaNarrowRows = 192;
 // 4.707 (04_model_runner/NOTES.md, section 2). The plain projections with many outputs (qkv) stay on
 // cuBLAS above 48 rows: v6 ran them slower (batch 64: 2.920 / 2.926 ms). Both limits were tried again once
 // o_proj could start early (kWgmmaNarrowRows above): qkv to 128 rows was slower at 64 and 128, gate_up to 192
-// slower at 160 (5.467-5.487 ms against 5.354-5.398).
+// slower at 160 (5.467-5.487 ms against 5.354-5.398); qkv to 64 rows again with version 8 (2026-12-04), slower
+// at 56 and 64 by 0.02-0.06 ms (04_model_runner/NOTES.md, section 2, "qkv on v6 at 49-64 rows, once more").
 constexpr int kWgmmaSiluRows = 128;
 // Version 8 leaves the split-K sum of the projections with at most kWgmmaNarrowOut outputs to the norm after
 // them (CudaLinear::run_partials) from this many rows. Measured on the H200 (bench-step, graph step, two
