@@ -296,6 +296,88 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreInsideDecodeAttention) {
   EXPECT_FALSE(decode_attention_fuses_qk_norm_rope(10, AttentionShape{16, 8, 96, 16, 0.1f}));  // v0 runs head_dim 96
 }
 
+// The model's prefill call Backend::qk_norm_rope_store_attention on a GPU with wgmma: k_norm_rope_store_cuda
+// (k and v into the cache, qkv left as it was), then attention v12 with q normed and rotated as it loads it
+// (prefill_attention_fused_q_cuda). Against the two launches it replaces, qk_norm_rope_store_cuda then
+// prefill_attention_cuda (the same bits in out and in both caches), and against the CPU spec. Cases:
+// Qwen3-0.6B's heads over prompts with and without a cached prefix (the prefix's keys already in the cache),
+// a row tile past a prompt's rows, GQA groups of 2 and 8, head_dim 64, a block size that splits the tiles.
+TEST(Ch04_LayersCuda, QNormRopeInsidePrefillAttention) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(16);
+  struct Case { int heads, kv_heads, head_dim, block_size; std::vector<int> cached, computed; };
+  const std::vector<Case> cases = {{16, 8, 128, 256, {0, 0, 300, 7}, {100, 37, 200, 1}},
+                                   {16, 8, 128, 16, {0, 64}, {129, 64}},
+                                   {8, 1, 64, 48, {5, 0}, {70, 200}},
+                                   {4, 2, 128, 256, {0}, {1}}};
+  for (const Case& c : cases) {
+    if (!prefill_attention_fuses_q_norm_rope(12, AttentionShape{c.heads, c.kv_heads, c.head_dim, c.block_size, 1.0f}))
+      GTEST_SKIP() << "no wgmma on this GPU: the prefill attention does not norm q itself";
+    const int B = int(c.cached.size()), kv_dim = c.kv_heads * c.head_dim, q_dim = c.heads * c.head_dim;
+    const int stride = q_dim + 2 * kv_dim, max_pos = 4096;
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.block_size, 1.0f / std::sqrt(float(c.head_dim))};
+    // Each sequence its own blocks, shuffled; rows cached .. cached + computed - 1 are this step's.
+    int width = 1, num_blocks = 0, max_q = 0;
+    for (int b = 0; b < B; b++)
+      width = std::max(width, (c.cached[size_t(b)] + c.computed[size_t(b)] + c.block_size - 1) / c.block_size);
+    std::vector<int32_t> order(size_t(B) * width);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int32_t> tables(size_t(B) * width, -1), positions, slots, cu_q = {0}, cu_k = {0};
+    for (int b = 0; b < B; b++) {
+      const int end = c.cached[size_t(b)] + c.computed[size_t(b)];
+      for (int i = 0; i < (end + c.block_size - 1) / c.block_size; i++) tables[size_t(b) * width + i] = order[size_t(num_blocks++)];
+      for (int pos = c.cached[size_t(b)]; pos < end; pos++) {
+        positions.push_back(pos);
+        slots.push_back(tables[size_t(b) * width + pos / c.block_size] * c.block_size + pos % c.block_size);
+      }
+      cu_q.push_back(cu_q.back() + c.computed[size_t(b)]), cu_k.push_back(cu_k.back() + end);
+      max_q = std::max(max_q, c.computed[size_t(b)]);
+    }
+    const int T = cu_q.back();
+    const size_t cache_elems = size_t(B) * width * c.block_size * kv_dim;
+    std::vector<float> qkv = random_bf16_values(size_t(T) * stride, rng, 2.0f);
+    std::vector<float> k_cache = random_bf16_values(cache_elems, rng), v_cache = random_bf16_values(cache_elems, rng);
+    std::vector<float> qn = random_bf16_values(size_t(c.head_dim), rng), kn = random_bf16_values(size_t(c.head_dim), rng);
+    std::vector<float> cos, sin;
+    build_rope_table(cos, sin, max_pos, c.head_dim, 1e6);
+    const std::string what = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads of " +
+                             std::to_string(c.head_dim) + ", block " + std::to_string(c.block_size) + ", " +
+                             std::to_string(B) + " prompts";
+
+    // The spec, on the CPU.
+    std::vector<float> q_want = qkv, k_want = k_cache, v_want = v_cache, want(size_t(T) * q_dim);
+    qk_norm_rope_store_cpu(q_want.data(), stride, qn.data(), kn.data(), positions.data(), cos.data(), sin.data(),
+                           k_want.data(), v_want.data(), slots.data(), T, c.heads, c.kv_heads, c.head_dim, 1e-6f);
+    prefill_attention_cpu(want.data(), q_dim, q_want.data(), stride, k_want.data(), v_want.data(), cu_q.data(),
+                          cu_k.data(), tables.data(), width, B, shape);
+
+    DeviceArray<bf16> d_qn(to_bf16(qn)), d_kn(to_bf16(kn));
+    DeviceArray<int32_t> d_pos(positions), d_slots(slots), d_cu_q(cu_q), d_cu_k(cu_k), d_tables(tables);
+    DeviceArray<float> d_cos(cos), d_sin(sin);
+    const QkNormRopeInputs qk{d_qn.ptr, d_kn.ptr, d_cos.ptr, d_sin.ptr, d_pos.ptr, d_slots.ptr, 1e-6f};
+    // Two launches as the backend ran them before, then the fused pair, each on fresh copies.
+    DeviceArray<bf16> u_qkv(to_bf16(qkv)), u_k(to_bf16(k_cache)), u_v(to_bf16(v_cache)), u_out(size_t(T) * q_dim);
+    DeviceArray<bf16> f_qkv(to_bf16(qkv)), f_k(to_bf16(k_cache)), f_v(to_bf16(v_cache)), f_out(size_t(T) * q_dim);
+    u_out.poison(), f_out.poison();
+    qk_norm_rope_store_cuda(u_qkv.ptr, stride, d_qn.ptr, d_kn.ptr, d_pos.ptr, d_cos.ptr, d_sin.ptr, u_k.ptr, u_v.ptr,
+                            d_slots.ptr, T, c.heads, c.kv_heads, c.head_dim, 1e-6f, 0);
+    prefill_attention_cuda(u_out.ptr, q_dim, u_qkv.ptr, stride, u_k.ptr, u_v.ptr, d_cu_q.ptr, d_cu_k.ptr, d_tables.ptr,
+                           width, B, max_q, shape, 12, 0);
+    k_norm_rope_store_cuda(f_qkv.ptr, stride, d_kn.ptr, d_pos.ptr, d_cos.ptr, d_sin.ptr, f_k.ptr, f_v.ptr, d_slots.ptr,
+                           T, c.heads, c.kv_heads, c.head_dim, 1e-6f, 0);
+    EXPECT_EQ(bits(f_qkv.get()), bits(to_bf16(qkv))) << what << ": qkv must be left as it was";
+    prefill_attention_fused_q_cuda(f_out.ptr, q_dim, f_qkv.ptr, stride, f_k.ptr, f_v.ptr, d_cu_q.ptr, d_cu_k.ptr,
+                                   d_tables.ptr, width, B, max_q, shape, 12, qk, 0);
+    EXPECT_EQ(bits(f_out.get()), bits(u_out.get())) << what << ": out";
+    EXPECT_EQ(bits(f_k.get()), bits(u_k.get())) << what << ": k cache";
+    EXPECT_EQ(bits(f_v.get()), bits(u_v.get())) << what << ": v cache";
+    EXPECT_LE(rel_error(to_float(f_out.get()), want), 1e-2) << what << ": against the CPU";
+  }
+  // Only v12 can; the backend runs the others as two launches.
+  EXPECT_FALSE(prefill_attention_fuses_q_norm_rope(5, AttentionShape{16, 8, 128, 16, 0.088f}));
+}
+
 TEST(Ch04_LayersCuda, SiluAndMulAndGather) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(4);
