@@ -273,16 +273,6 @@ __device__ inline void norm_rope_q_fragments(const AttentionParams& p, const Row
   }
 }
 
-// An empty asm that reads and "writes" each of q's fragment registers: to the compiler, q changes here, so
-// its registers carry a value from one iteration of the tile loop to the next and cannot be given to another.
-template <int HEAD_DIM>
-__device__ inline void keep_in_registers(uint32_t (&q_frag)[HEAD_DIM / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < HEAD_DIM / 16; kk++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) asm volatile("" : "+r"(q_frag[kk][e]));
-}
-
 // The causal mask and the online softmax of KV tile t on S (64 rows x 64 keys, S[4 n + e] is row g + 8
 // (e / 2), key 64 t + 8 n + 2 t4 + e % 2), as v5: S becomes P = exp2(S scale log2(e) - m) in place, the
 // rows' m and l move on, and alpha[h] is what row h's O must be multiplied by before P V is added.
@@ -490,10 +480,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v12_wgmma_pr
     wgmma_wait<0>();  // the products have read buffer t % 2 and written O
     fence_accumulators(O);
     __syncthreads();  // every warp is done with buffer t % 2 before the next iteration refills it
-    // With q normed here, ptxas (CUDA 13.0, head_dim 64) gave q's registers to the softmax and to P inside
-    // the loop, so that the next tile's S = Q K^T read last tile's P (NOTES.md, "q's norm inside the prefill
-    // attention"): an empty asm that takes and gives back every q register each iteration keeps them q's.
-    if constexpr (NORM_Q) keep_in_registers<HEAD_DIM>(q_frag);
   }
   store_out<HEAD_DIM>(p, b, rows, O);
 #endif
