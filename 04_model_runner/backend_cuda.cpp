@@ -207,10 +207,8 @@ class CudaBackend final : public Backend {
   bool fuses_qk_norm_rope_store_attention(const AttentionMetadata& m, const AttentionShape& s) const override {
     // At every decode batch the versions allow: one launch fewer a layer. Measured on the H200
     // (04_model_runner/NOTES.md section 7): first built only for grids of one wave (it lost from 128
-    // sequences on then), measured again after v9's later changes it wins at 64-256 sequences too. In a
-    // prefill, q's half of the work moves into the attention kernel (section 16).
-    return m.is_prefill ? prefill_attention_fuses_q_norm_rope(attention_version_, s)
-                        : decode_attention_fuses_qk_norm_rope(attention_version_, s);
+    // sequences on then), measured again after v9's later changes it wins at 64-256 sequences too.
+    return !m.is_prefill && decode_attention_fuses_qk_norm_rope(attention_version_, s);
   }
   void qk_norm_rope_store_attention(const Tensor& out, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                     const Tensor& positions, const Tensor& cos, const Tensor& sin,
@@ -222,16 +220,6 @@ class CudaBackend final : public Backend {
       return;
     }
     const QkNormRopeInputs qk{b16(q_norm), b16(k_norm), f32(cos), f32(sin), i32(positions), i32(m.slot_mapping), eps};
-    if (m.is_prefill) {  // k and v into the cache, then attention with q normed and rotated as it is loaded
-      k_norm_rope_store_cuda(b16(qkv), qkv.row_size(), b16(k_norm), i32(positions), f32(cos), f32(sin), b16(k_cache),
-                             b16(v_cache), i32(m.slot_mapping), int(qkv.rows()), h.num_heads, h.num_kv_heads, h.head_dim,
-                             eps, stream_);
-      prefill_attention_fused_q_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
-                                     i32(m.cu_seqlens_q), i32(m.cu_seqlens_k), i32(m.block_tables),
-                                     int(m.block_tables.shape[1]), m.num_seqs, m.max_seqlen_q, s, attention_version_, qk,
-                                     stream_);
-      return;
-    }
     decode_attention_fused_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                                 i32(m.context_lens), i32(m.block_tables), int(m.block_tables.shape[1]), m.num_seqs,
                                 m.max_context_len, s, f32(m.scratch), attention_version_, qk, stream_);

@@ -155,15 +155,12 @@ __global__ void qk_norm_rope_kernel(bf16* qkv, int64_t row_stride, const bf16* q
 // registers has 256 bytes in flight, and a prefill's calls (thousands of rows, 04_model_runner/NOTES.md
 // section 13) ran at half their bandwidth with 64 such warps an SM; a block of 4 warps here asks for its
 // 8 KB row at once, and 16 such blocks fit an SM.
-//
-// first_head: 0 does every head, in place in qkv and k and v into the cache; num_heads (k_norm_rope_store_cuda,
-// for a prefill attention that norms and rotates q itself) writes only the cache, and leaves qkv as it was.
 template <int HEAD_DIM>
 __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                                           const int32_t* positions, const float* cos_table, const float* sin_table,
                                           bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int num_heads,
-                                          int num_kv_heads, float eps, int first_head) {
-  extern __shared__ uint4 staged_row[];  // (num_heads + 2 * num_kv_heads - first_head) * HEAD_DIM bf16: the row's heads
+                                          int num_kv_heads, float eps) {
+  extern __shared__ uint4 staged_row[];  // (num_heads + 2 * num_kv_heads) * HEAD_DIM bf16: this token's row
   constexpr int HALF = HEAD_DIM / 2, PER_LANE = HALF / 32;
   const int token = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   const int heads = num_heads + 2 * num_kv_heads;
@@ -174,23 +171,21 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
   const int32_t slot = __ldcg(slot_mapping + token);
   const int64_t position = __ldcg(positions + token);
   const float *cos_row = cos_table + position * HALF, *sin_row = sin_table + position * HALF;
-  // q's factors (where its heads are this kernel's) and k's: the same rotation, each kind's own norm weight.
-  NormRopeFactors<HEAD_DIM> q_factors{};
-  if (first_head == 0) q_factors = load_norm_rope_factors<HEAD_DIM>(q_norm, cos_row, sin_row, lane);
+  // q's factors and k's: the same rotation, each head kind's own norm weight.
+  const NormRopeFactors<HEAD_DIM> q_factors = load_norm_rope_factors<HEAD_DIM>(q_norm, cos_row, sin_row, lane);
   const NormRopeFactors<HEAD_DIM> k_factors = load_norm_rope_factors<HEAD_DIM>(k_norm, cos_row, sin_row, lane);
   wait_for_previous_kernel();
   allow_next_kernel();
 
-  const int chunks = (heads - first_head) * HEAD_DIM / 8;  // 16-byte pieces of the row's heads from first_head
-  const bf16* first = row + first_head * HEAD_DIM;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) cp_async_16(smem_address(staged_row + c), first + 8 * c, true);
+  const int chunks = heads * HEAD_DIM / 8;  // 16-byte pieces of the row
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) cp_async_16(smem_address(staged_row + c), row + 8 * c, true);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();  // every thread's copies have landed: a warp's heads came in through all the block's threads
   const bf16* staged = reinterpret_cast<const bf16*>(staged_row);
 
-  for (int head = first_head + warp; head < heads; head += warps) {
-    const bf16* x = staged + (head - first_head) * HEAD_DIM;
+  for (int head = warp; head < heads; head += warps) {
+    const bf16* x = staged + head * HEAD_DIM;
     const int kv_head = head - num_heads;  // k heads: [0, num_kv_heads); v heads: [num_kv_heads, 2 num_kv_heads)
     if (kv_head >= num_kv_heads) {         // a v head: a copy
       if (slot >= 0) copy_head<HEAD_DIM>(v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM, x, lane);
@@ -202,7 +197,7 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
       norm_rope_head<HEAD_DIM>(x1, x2, q_factors, eps);
     else
       norm_rope_head<HEAD_DIM>(x1, x2, k_factors, eps);
-    if (first_head == 0) store_head<HEAD_DIM>(row + head * HEAD_DIM, x1, x2, lane);  // in place: q's readers, and the spec
+    store_head<HEAD_DIM>(row + head * HEAD_DIM, x1, x2, lane);
     if (kv_head >= 0 && slot >= 0) store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
   }
 }
@@ -355,17 +350,14 @@ void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const 
   CUDA_CHECK_LAUNCH();
 }
 
-namespace {
-
-// qk_norm_rope_store_cuda (first_head 0) and k_norm_rope_store_cuda (first_head num_heads).
-void norm_rope_store(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm, const int32_t* positions,
-                     const float* cos_table, const float* sin_table, bf16* k_cache, bf16* v_cache,
-                     const int32_t* slot_mapping, int n, int num_heads, int num_kv_heads, int head_dim, float eps,
-                     int first_head, cudaStream_t stream) {
+void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
+                             const int32_t* positions, const float* cos_table, const float* sin_table,
+                             bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
+                             int num_kv_heads, int head_dim, float eps, cudaStream_t stream) {
   if (n == 0) return;
   if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0 || row_stride % 8 != 0)
     fail("internal: qk_norm_rope_store_cuda needs 16-byte aligned qkv rows (row stride ", row_stride, ")");
-  const int heads = num_heads + 2 * num_kv_heads - first_head;
+  const int heads = num_heads + 2 * num_kv_heads;
   // A prefill's thousands of rows: blocks of 4 warps, 16 of them an SM, each with its row in flight. A decode
   // batch's few: a warp per head, so that no warp norms several heads one after another while SMs idle.
   const int warps = n >= kPrefillRows ? 4 : std::min(heads, 32);
@@ -374,7 +366,7 @@ void norm_rope_store(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf
     if (smem > 48 * 1024)  // above the default limit a kernel must ask for more (one row of a very wide model)
       CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     launch_overlapped(kernel, unsigned(n), 32 * warps, smem, stream, qkv, row_stride, q_norm, k_norm, positions,
-                      cos_table, sin_table, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, eps, first_head);
+                      cos_table, sin_table, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads, eps);
   };
   switch (head_dim) {
     case 64: launch(qk_norm_rope_store_kernel<64>); break;
@@ -383,24 +375,6 @@ void norm_rope_store(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf
     default: fail("head_dim ", head_dim, " is not supported by the CUDA kernels (64, 128, 256)");
   }
   CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace
-
-void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
-                             const int32_t* positions, const float* cos_table, const float* sin_table,
-                             bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
-                             int num_kv_heads, int head_dim, float eps, cudaStream_t stream) {
-  norm_rope_store(qkv, row_stride, q_norm, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
-                  num_heads, num_kv_heads, head_dim, eps, 0, stream);
-}
-
-void k_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* k_norm, const int32_t* positions,
-                            const float* cos_table, const float* sin_table, bf16* k_cache, bf16* v_cache,
-                            const int32_t* slot_mapping, int n, int num_heads, int num_kv_heads, int head_dim, float eps,
-                            cudaStream_t stream) {
-  norm_rope_store(qkv, row_stride, nullptr, k_norm, positions, cos_table, sin_table, k_cache, v_cache, slot_mapping, n,
-                  num_heads, num_kv_heads, head_dim, eps, num_heads, stream);
 }
 
 void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream) {

@@ -89,12 +89,6 @@ void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, 
                              const int32_t* positions, const float* cos_table, const float* sin_table,
                              bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
                              int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
-// The same for k and v only, into the cache: qkv is left as it was (q raw), for a prefill attention that norms
-// and rotates q itself (05_attention's prefill_attention_fused_q_cuda). The cache gets the same bits.
-void k_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* k_norm, const int32_t* positions,
-                            const float* cos_table, const float* sin_table, bf16* k_cache, bf16* v_cache,
-                            const int32_t* slot_mapping, int n, int num_heads, int num_kv_heads, int head_dim, float eps,
-                            cudaStream_t stream);
 void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream);
 void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream);
 void take_sampled_tokens_cuda(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m, cudaStream_t stream);

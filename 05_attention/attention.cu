@@ -115,30 +115,6 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
   CUDA_CHECK_LAUNCH();
 }
 
-bool prefill_attention_fuses_q_norm_rope(int version, const AttentionShape& shape) {
-  return attention_version_for(AttentionPhase::Prefill, version, shape) == 12 && wgmma_prefill_available() &&
-         (shape.head_dim == 64 || shape.head_dim == 128);
-}
-
-void prefill_attention_fused_q_cuda(bf16* out, int64_t out_stride, const bf16* qkv, int64_t qkv_stride,
-                                    const bf16* k_cache, const bf16* v_cache, const int32_t* cu_seqlens_q,
-                                    const int32_t* cu_seqlens_k, const int32_t* block_tables, int block_table_width,
-                                    int num_seqs, int max_seqlen_q, const AttentionShape& shape, int version,
-                                    const QkNormRopeInputs& qk, cudaStream_t stream) {
-  if (!prefill_attention_fuses_q_norm_rope(version, shape))
-    fail("attention v", attention_version_for(AttentionPhase::Prefill, version, shape),
-         " cannot norm and rotate q itself in a prefill (v12 on a GPU with wgmma, head_dim 64 or 128, can)");
-  if (num_seqs == 0 || max_seqlen_q == 0) return;
-  check_alignment(12, qkv, qkv_stride, out, out_stride);
-  AttentionParams p =
-      make_params(out, out_stride, qkv, qkv_stride, k_cache, v_cache, block_tables, block_table_width, shape);
-  p.cu_seqlens_q = cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_k;
-  p.q_norm = qk.q_norm, p.cos_table = qk.cos_table, p.sin_table = qk.sin_table, p.positions = qk.positions;
-  p.eps = qk.eps;
-  launch_v12_wgmma_prefill(p, LaunchDims{num_seqs, max_seqlen_q, 0}, stream);
-  CUDA_CHECK_LAUNCH();
-}
-
 int decode_partition_size(int num_seqs, const AttentionShape& s) {
   // Enough blocks to fill the GPU (132 SMs on an H200) even for a handful of sequences; long partitions
   // for big batches, where every block then covers the whole of a typical context.

@@ -152,16 +152,6 @@ struct QkNormRopeInputs {
   float eps;
 };
 bool decode_attention_fuses_qk_norm_rope(int version, const AttentionShape& shape);
-// A prefill that norms and rotates q itself (v12 on a GPU with wgmma, head_dim 64 or 128): prefill_attention_cuda
-// over qkv rows whose q is raw (chapter 04's k_norm_rope_store_cuda wrote this step's K and V to the cache and
-// left q as it was). qk's q_norm, cos/sin tables, eps and positions ((rows,): each query row's) are read; the
-// same bits as qk_norm_rope_store_cuda then prefill_attention_cuda. Saves writing q back and reading it again.
-bool prefill_attention_fuses_q_norm_rope(int version, const AttentionShape& shape);
-void prefill_attention_fused_q_cuda(bf16* out, int64_t out_stride, const bf16* qkv, int64_t qkv_stride,
-                                    const bf16* k_cache, const bf16* v_cache, const int32_t* cu_seqlens_q,
-                                    const int32_t* cu_seqlens_k, const int32_t* block_tables, int block_table_width,
-                                    int num_seqs, int max_seqlen_q, const AttentionShape& shape, int version,
-                                    const QkNormRopeInputs& qk, cudaStream_t stream);
 void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv, int64_t qkv_stride, bf16* k_cache,
                                  bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
                                  int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,

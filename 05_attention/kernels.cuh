@@ -42,14 +42,13 @@ struct AttentionParams {
   // Decode with chapter 04's qk_norm_rope_store done by the attention kernel (decode_attention_fused_cuda;
   // v9 and v10): q and k in the qkv rows that q points into are raw, and the cache lacks this step's key.
   // Each block norms and rotates its G query heads itself; the block whose partition holds a sequence's
-  // last key first writes that key's K (normed, rotated) and V to the sequence's slot. A prefill with q's
-  // half of it (prefill_attention_fused_q_cuda; v12): q raw, the cache complete, positions per query row;
-  // k_norm, slot_mapping and the writable caches unused. nullptr q_norm: q ready, every key in the cache.
+  // last key first writes that key's K (normed, rotated) and V to the sequence's slot. nullptr q_norm: the
+  // plain decode (q ready, every key in the cache).
   const bf16* q_norm;           // (head_dim) RMSNorm weights
   const bf16* k_norm;           // (head_dim)
   const float* cos_table;       // (max_position, head_dim / 2)
   const float* sin_table;       // (max_position, head_dim / 2)
-  const int32_t* positions;     // (num_seqs): the position of each sequence's new token; prefill: (rows)
+  const int32_t* positions;     // (num_seqs): the position of each sequence's new token
   const int32_t* slot_mapping;  // (num_seqs): its cache slot, -1 for a padding row
   bf16* k_cache_out;            // k_cache and v_cache, writable
   bf16* v_cache_out;

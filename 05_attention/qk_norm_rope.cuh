@@ -51,31 +51,6 @@ __device__ inline NormRopeFactors<HEAD_DIM> load_norm_rope_factors(const bf16* w
   return f;
 }
 
-// norm_rope_head's three steps, each one expression, so that a kernel holding a head's elements in
-// another layout (05_attention/v12_wgmma_prefill.cu: q in wgmma's fragments) computes the same bits.
-// The squares one lane adds up before the warp's sum: its PER_LANE pairs, in order.
-template <int PER_LANE>
-__device__ inline float lane_sum_of_squares(const float (&x1)[PER_LANE], const float (&x2)[PER_LANE]) {
-  float sum_sq = 0;
-#pragma unroll
-  for (int e = 0; e < PER_LANE; e++) sum_sq += x1[e] * x1[e] + x2[e] * x2[e];
-  return sum_sq;
-}
-// 1 / rms from the head's sum of squares (warp_sum of the lanes' sums: its butterfly's order).
-template <int HEAD_DIM>
-__device__ inline float inverse_rms(float head_sum_of_squares, float eps) {
-  return rsqrtf(head_sum_of_squares / HEAD_DIM + eps);
-}
-// One rotate-half pair (x1 at j, x2 at j + HEAD_DIM/2) normed by inv_rms and its weights w1, w2, then
-// rotated by its angle's cos and sin.
-__device__ inline void norm_rope_pair(float& x1, float& x2, float inv_rms, float w1, float w2, float cos,
-                                      float sin) {
-  const float a = x1 * inv_rms * w1;
-  const float b = x2 * inv_rms * w2;
-  x1 = a * cos - b * sin;
-  x2 = b * cos + a * sin;
-}
-
 // RMSNorm over the head (a warp-wide sum of squares), times the weight w (head_dim), then rotate-half
 // RoPE ("neox": x[j] pairs with x[j + HEAD_DIM/2]) by angle[position, j]. The result stays fp32: it is
 // rounded to bf16 once, when stored (no rounding between the norm and the rotation; nano-vllm rounds
@@ -84,9 +59,17 @@ template <int HEAD_DIM>
 __device__ inline void norm_rope_head(float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64],
                                       const NormRopeFactors<HEAD_DIM>& f, float eps) {
   constexpr int PER_LANE = HEAD_DIM / 64;
-  const float inv_rms = inverse_rms<HEAD_DIM>(warp_sum(lane_sum_of_squares<PER_LANE>(x1, x2)), eps);
+  float sum_sq = 0;
 #pragma unroll
-  for (int e = 0; e < PER_LANE; e++) norm_rope_pair(x1[e], x2[e], inv_rms, f.w1[e], f.w2[e], f.cos[e], f.sin[e]);
+  for (int e = 0; e < PER_LANE; e++) sum_sq += x1[e] * x1[e] + x2[e] * x2[e];
+  const float inv_rms = rsqrtf(warp_sum(sum_sq) / HEAD_DIM + eps);
+#pragma unroll
+  for (int e = 0; e < PER_LANE; e++) {
+    const float a = x1[e] * inv_rms * f.w1[e];
+    const float b = x2[e] * inv_rms * f.w2[e];
+    x1[e] = a * f.cos[e] - b * f.sin[e];
+    x2[e] = b * f.cos[e] + a * f.sin[e];
+  }
 }
 
 // The same, loading its factors on the way.

@@ -39,7 +39,6 @@
 //       2,048 kk bytes; the leading byte offset steps to the next 64 dims (the next block, 8 KB on).
 #include "05_attention/kernels.cuh"
 #include "01_sequence/base/ptx.cuh"
-#include "05_attention/qk_norm_rope.cuh"
 #include "05_attention/softmax.cuh"
 
 namespace nanovllm {
@@ -181,96 +180,6 @@ __device__ inline void load_q_fragments(const AttentionParams& p, const RowTile&
 #pragma unroll
     for (int e = 0; e < 4; e++)  // a0: row g, dims 16 kk + 2 t4; a1: row g + 8; a2, a3: dims + 8
       q_frag[kk][e] = q_rows[e % 2] ? q_rows[e % 2][(16 * kk + 8 * (e / 2)) / 2] : 0u;
-}
-
-// The q heads' RMSNorm and RoPE on the fragments, for a call whose qkv rows hold q raw
-// (prefill_attention_fused_q_cuda: k_norm_rope_store_cuda wrote this step's K and V and left q as it
-// was), with the bits qk_norm_rope_store_kernel's warp per head gives (qk_norm_rope.cuh's steps).
-// That warp's lane L holds dims L * PER_LANE + e and those + HEAD_DIM/2 (PER_LANE = HEAD_DIM / 64) and adds
-// its squares up; warp_sum then adds lanes L and L ^ 16, then ^ 8, ^ 4, ^ 2, ^ 1. Here a lane holds dims
-// 16 kk + 8 h + 2 t4 + u (u = 0, 1; kk < HEAD_DIM / 32: the first half; the second half in fragment
-// kk + HEAD_DIM / 32) of its two rows: 8 of that warp's lanes, the same ones for every lane of a quad but
-// their t4 bits, so it forms their sums, adds them in the same pairs, and takes the pairs across t4 from
-// the quad's lanes. Every add pairs the same two values as warp_sum's, so the total is the same bits.
-// After it, each element is normed and rotated as norm_rope_pair does, and rounded to bf16 as
-// qk_norm_rope_store_kernel stores it.
-template <int HEAD_DIM>
-__device__ inline void norm_rope_q_fragments(const AttentionParams& p, const RowTile& b, const LaneRows& rows,
-                                             uint32_t (&q_frag)[HEAD_DIM / 16][4]) {
-  constexpr int HALF = HEAD_DIM / 2, KK_HALF = HEAD_DIM / 32, PER_LANE = HEAD_DIM / 64;
-  static_assert(PER_LANE == 1 || PER_LANE == 2, "head_dim 64 or 128");
-  // Local index i of a held value (8 a row): head_dim 128, i = 2 kk + h, that warp's lane L = 4 i + t4 (both
-  // u are the lane's two elements); head_dim 64, i = 4 kk + 2 h + u, L = 16 kk + 8 h + 2 t4 + u. For each
-  // of warp_sum's offsets: the bit of i it flips (a local add), or of the lane (a shuffle with lane ^ bit).
-  constexpr int kLocal[5] = {4, 2, PER_LANE == 2 ? 1 : 0, 0, PER_LANE == 2 ? 0 : 1};
-  constexpr int kAcross[5] = {0, 0, PER_LANE == 2 ? 0 : 2, PER_LANE == 2 ? 2 : 1, PER_LANE == 2 ? 1 : 0};
-  const int warp = threadIdx.x / 32;
-  // Fragment e = r + 2 h holds row r's (g, g + 8) dims 16 kk + 8 h + 2 t4 + {0, 1}, low half first.
-  auto element = [&](int kk, int e, int u) {
-    const uint32_t v = q_frag[kk][e];
-    return __uint_as_float((u == 0 ? v << 16 : v & 0xFFFF0000u));
-  };
-  bf16 w[2][KK_HALF][2][2];  // q_norm at dim j (w[0]) and j + HALF (w[1]), j = 16 kk + 8 h + 2 t4 + u
-#pragma unroll
-  for (int kk = 0; kk < KK_HALF; kk++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int u = 0; u < 2; u++) {
-        const int j = 16 * kk + 8 * h + 2 * rows.t4 + u;
-        w[0][kk][h][u] = p.q_norm[j], w[1][kk][h][u] = p.q_norm[j + HALF];
-      }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int q_row = b.first_row + warp * 16 + rows.g + 8 * r;
-    // A row past the tile's rows holds zeros, which stay zeros; its factors are row 0's, any will do.
-    const int token = b.r.q_row0 + (q_row < b.num_rows ? q_row / b.G : 0);
-    const int64_t position = p.positions[token];
-    const float *cos_row = p.cos_table + position * HALF, *sin_row = p.sin_table + position * HALF;
-    float sums[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      if constexpr (PER_LANE == 2) {
-        const int kk = i / 2, h = i % 2;
-        const float x1[2] = {element(kk, r + 2 * h, 0), element(kk, r + 2 * h, 1)};
-        const float x2[2] = {element(kk + KK_HALF, r + 2 * h, 0), element(kk + KK_HALF, r + 2 * h, 1)};
-        sums[i] = lane_sum_of_squares<2>(x1, x2);
-      } else {
-        const int kk = i / 4, h = (i / 2) % 2, u = i % 2;
-        const float x1[1] = {element(kk, r + 2 * h, u)}, x2[1] = {element(kk + KK_HALF, r + 2 * h, u)};
-        sums[i] = lane_sum_of_squares<1>(x1, x2);
-      }
-    }
-#pragma unroll
-    for (int level = 0; level < 5; level++) {
-      if (kLocal[level] != 0) {
-        float next[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) next[i] = sums[i] + sums[i ^ kLocal[level]];
-#pragma unroll
-        for (int i = 0; i < 8; i++) sums[i] = next[i];
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], kAcross[level]);
-      }
-    }
-    const float inv_rms = inverse_rms<HEAD_DIM>(sums[0], p.eps);
-#pragma unroll
-    for (int kk = 0; kk < KK_HALF; kk++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        float x1[2], x2[2];
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-          const int j = 16 * kk + 8 * h + 2 * rows.t4 + u;
-          x1[u] = element(kk, r + 2 * h, u), x2[u] = element(kk + KK_HALF, r + 2 * h, u);
-          norm_rope_pair(x1[u], x2[u], inv_rms, __bfloat162float(w[0][kk][h][u]), __bfloat162float(w[1][kk][h][u]),
-                         cos_row[j], sin_row[j]);
-        }
-        q_frag[kk][r + 2 * h] = pack_bf16x2(x1[0], x1[1]);
-        q_frag[kk + KK_HALF][r + 2 * h] = pack_bf16x2(x2[0], x2[1]);
-      }
-  }
 }
 
 // The causal mask and the online softmax of KV tile t on S (64 rows x 64 keys, S[4 n + e] is row g + 8
@@ -429,8 +338,7 @@ __device__ inline void issue_pv(float (&O)[HEAD_DIM / 2], const float (&P)[kBc /
 // Block (x, kv_head, seq) takes row tile t = gridDim.x - 1 - x: rows 64 t .. 64 t + 63 of sequence seq
 // that read KV head kv_head (row -> token row / G, head kv_head * G + row % G) -> their out rows. v5's
 // kernel with the products on wgmma; what is the same is said once, there.
-// NORM_Q: q is raw in its rows; the kernel norms and rotates it (norm_rope_q_fragments).
-template <int HEAD_DIM, bool NORM_Q>
+template <int HEAD_DIM>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v12_wgmma_prefill_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kTileBytes = kBc * HEAD_DIM * 2;  // one K or V tile: HEAD_DIM / 64 blocks of 8 KB
@@ -450,7 +358,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v12_wgmma_pr
   LaneRows rows = lane_rows(b);
   uint32_t q_frag[HEAD_DIM / 16][4];  // while tile 0 flies
   load_q_fragments<HEAD_DIM>(p, b, rows, q_frag);
-  if constexpr (NORM_Q) norm_rope_q_fragments<HEAD_DIM>(p, b, rows, q_frag);
   float O[HEAD_DIM / 2];  // D of O = P V: O[4 n + e] is v5's O[n][e]
 #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; i++) O[i] = 0.0f;
@@ -497,14 +404,14 @@ __device__ const int kWgmmaPrefillCompiled =
 // ---------------------------------------------------------------------------------------------------
 // Launch
 
-template <int HEAD_DIM, bool NORM_Q>
+template <int HEAD_DIM>
 void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
   const int G = p.num_heads / p.num_kv_heads;
   const dim3 grid(unsigned((dims.max_seqlen_q * G + kBr - 1) / kBr), unsigned(p.num_kv_heads), unsigned(dims.num_seqs));
   const int smem_bytes = 4 * kBc * HEAD_DIM * 2 + 1024;  // K x 2, V x 2, and the alignment
-  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v12_wgmma_prefill_kernel<HEAD_DIM, NORM_Q>),
+  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v12_wgmma_prefill_kernel<HEAD_DIM>),
                      smem_bytes, stream);
-  attention_v12_wgmma_prefill_kernel<HEAD_DIM, NORM_Q><<<grid, kThreads, smem_bytes, stream>>>(p);
+  attention_v12_wgmma_prefill_kernel<HEAD_DIM><<<grid, kThreads, smem_bytes, stream>>>(p);
 }
 
 }  // namespace
@@ -520,14 +427,9 @@ bool wgmma_prefill_available() {
 }
 
 void launch_v12_wgmma_prefill(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
-  if (p.q_norm != nullptr) {  // prefill_attention_fused_q_cuda, which only v12 on a wgmma GPU takes
-    if (p.head_dim == 64) launch<64, true>(p, dims, stream);
-    else launch<128, true>(p, dims, stream);
-    return;
-  }
   if (!wgmma_prefill_available()) return launch_v5_tensor_core_prefill(p, dims, stream);
-  if (p.head_dim == 64) launch<64, false>(p, dims, stream);
-  else launch<128, false>(p, dims, stream);
+  if (p.head_dim == 64) launch<64>(p, dims, stream);
+  else launch<128>(p, dims, stream);
 }
 
 }  // namespace nanovllm
