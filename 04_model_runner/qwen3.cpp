@@ -247,7 +247,7 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
                            in.attention.slot_mapping, heads_, eps);
       // The step's buffers other than qkv and residual are free now: their first B rows hold the rest.
       const Tensor last_qkv = full_ws.last_qkv.slice_rows(0, B), last_residual = normed.slice_rows(0, B),
-                   last_attn = attn_out.slice_rows(0, B), last_hidden = hidden.slice_rows(0, B),
+                   last_attn = attn_out.slice_rows(0, B), last_sublayer = hidden.slice_rows(0, B),
                    last_gate_up = gate_up.slice_rows(0, B), last_act = mlp_act.slice_rows(0, B);
       b.gather_rows(last_qkv, qkv, in.last_token_rows);
       b.gather_rows(last_residual, residual, in.last_token_rows);
@@ -255,9 +255,9 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
       one_row_each.cu_seqlens_q = full_ws.one_row_each.slice_rows(0, B + 1);
       one_row_each.max_seqlen_q = 1;
       b.attention(last_attn, last_qkv, k_caches[l], v_caches[l], one_row_each, shape);
-      project_add_norm(head_input, last_residual, last_hidden, last_attn, w.o_proj, w.post_attention_layernorm);
+      project_add_norm(head_input, last_residual, last_sublayer, last_attn, w.o_proj, w.post_attention_layernorm);
       b.linear_silu_and_mul(last_act, last_gate_up, head_input, w.gate_up_proj);
-      project_add_norm(head_input, last_residual, last_hidden, last_act, w.down_proj, next_norm);
+      project_add_norm(head_input, last_residual, last_sublayer, last_act, w.down_proj, next_norm);
       return;
     }
     // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
@@ -279,8 +279,8 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
 
 void Qwen3Model::sample_in_lm_head(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const Tensor& tokens,
                                    const Tensor& sampling, int num_seqs) {
-  b.linear_sample(tokens, ws.logits.slice_rows(0, num_seqs), lm_head_rows(in.attention.is_prefill, ws, num_seqs), weights_.lm_head,
-                  sampling, /*all_logits=*/false);
+  b.linear_sample(tokens, ws.logits.slice_rows(0, num_seqs), lm_head_rows(in.attention.is_prefill, ws, num_seqs),
+                  weights_.lm_head, sampling, /*all_logits=*/false);
 }
 
 void Qwen3Model::logits_of_sampled_step(Backend& b, bool is_prefill, const Qwen3Workspace& ws, const Tensor& tokens,
