@@ -143,9 +143,10 @@ class Backend {
   virtual void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
                              const Tensor& slot_mapping, const HeadLayout& heads) = 0;
   // qk_norm_rope, then store_kvcache, as one operation: what the model calls (the two above stay, for
-  // tests and for reading). qkv (n, qkv_dim) act, in place; k_cache, v_cache (num_blocks, block_size,
-  // kv_dim) act; slot_mapping (n,) i32, -1 = skip. On the CPU it is exactly the two references in sequence;
-  // on the GPU one kernel that reads q, k and v once (04_model_runner/NOTES.md).
+  // tests and for reading). qkv (n, qkv_dim) act, q normed and rotated in place; k_cache, v_cache
+  // (num_blocks, block_size, kv_dim) act; slot_mapping (n,) i32, -1 = skip. On the CPU it is exactly the
+  // two references in sequence; on the GPU one kernel that reads q, k and v once and leaves qkv's k raw
+  // (attention reads keys from the cache only; 04_model_runner/NOTES.md sections 1 and 17).
   virtual void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                   const Tensor& positions, const Tensor& cos, const Tensor& sin, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& slot_mapping, const HeadLayout& heads,

@@ -141,9 +141,10 @@ __global__ void qk_norm_rope_kernel(bf16* qkv, int64_t row_stride, const bf16* q
 // three parts of its qkv row, num_heads + 2 * num_kv_heads heads (Qwen3-0.6B: 16 + 8 + 8 = 32), each head
 // done by one warp, a warp taking heads warp, warp + warps, ...
 //   q head: normed and rotated in place (what attention reads).
-//   k head: normed and rotated, written in place (as qk_norm_rope leaves it: this operation equals the two
-//           it replaces on every output; nobody reads it there, and it costs kv_dim * 2 bytes per token) and
-//           to its cache slot.
+//   k head: normed and rotated into its cache slot only. qkv's k stays as the projection wrote it, where
+//           qk_norm_rope would have rotated it in place: attention reads every key from the cache, so
+//           nobody reads it there, and writing it back cost kv_dim * 2 bytes a token (a ninth of the
+//           kernel's traffic; 04_model_runner/NOTES.md section 17).
 //   v head: copied to its cache slot, bit for bit.
 // slot_mapping[token] = -1 (a padding row of a CUDA graph batch) writes no slot.
 //   qkv (n, row_stride) bf16, 16-byte aligned rows; k_cache, v_cache (num_slots, num_kv_heads * HEAD_DIM) bf16.
@@ -191,14 +192,16 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
       if (slot >= 0) copy_head<HEAD_DIM>(v_cache + slot * kv_dim + int64_t(kv_head - num_kv_heads) * HEAD_DIM, x, lane);
       continue;
     }
+    if (kv_head >= 0 && slot < 0) continue;  // a padding row's k goes nowhere
     float x1[PER_LANE], x2[PER_LANE];
     load_head<HEAD_DIM>(x, x1, x2, lane);
-    if (kv_head < 0)
+    if (kv_head < 0) {  // a q head: back into qkv
       norm_rope_head<HEAD_DIM>(x1, x2, q_factors, eps);
-    else
+      store_head<HEAD_DIM>(row + head * HEAD_DIM, x1, x2, lane);
+    } else {            // a k head: into the cache only
       norm_rope_head<HEAD_DIM>(x1, x2, k_factors, eps);
-    store_head<HEAD_DIM>(row + head * HEAD_DIM, x1, x2, lane);
-    if (kv_head >= 0 && slot >= 0) store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
+      store_head<HEAD_DIM>(k_cache + slot * kv_dim + int64_t(kv_head) * HEAD_DIM, x1, x2, lane);
+    }
   }
 }
 
