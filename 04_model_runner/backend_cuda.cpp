@@ -197,7 +197,7 @@ class CudaBackend final : public Backend {
     if (m.is_prefill) {
       prefill_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                              i32(m.cu_seqlens_q), i32(m.cu_seqlens_k), i32(m.block_tables), width, m.num_seqs,
-                             int(qkv.rows()), m.max_seqlen_q, s, attention_version_, stream_);
+                             m.max_seqlen_q, s, attention_version_, stream_);
     } else {
       decode_attention_cuda(b16(out), out.row_size(), b16(qkv), qkv.row_size(), b16(k_cache), b16(v_cache),
                             i32(m.context_lens), i32(m.block_tables), width, m.num_seqs, m.max_context_len, s,

@@ -103,15 +103,15 @@ void check_alignment(int version, const bf16* q, int64_t q_stride, const bf16* o
 
 void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
-                            const int32_t* block_tables, int block_table_width, int num_seqs, int num_q_rows,
-                            int max_seqlen_q, const AttentionShape& shape, int version, cudaStream_t stream) {
+                            const int32_t* block_tables, int block_table_width, int num_seqs, int max_seqlen_q,
+                            const AttentionShape& shape, int version, cudaStream_t stream) {
   const int v = attention_version_for(AttentionPhase::Prefill, version, shape);
   if (num_seqs == 0 || max_seqlen_q == 0) return;
   check_alignment(v, q, q_stride, out, out_stride);
   AttentionParams p =
       make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, block_table_width, shape);
-  p.cu_seqlens_q = cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_k, p.num_seqs = num_seqs;
-  kPrefillLaunchers[v](p, LaunchDims{num_seqs, max_seqlen_q, 0, num_q_rows}, stream);
+  p.cu_seqlens_q = cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_k;
+  kPrefillLaunchers[v](p, LaunchDims{num_seqs, max_seqlen_q, 0}, stream);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -189,7 +189,7 @@ void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, cons
     p.positions = fused->positions, p.slot_mapping = fused->slot_mapping, p.eps = fused->eps;
     p.k_cache_out = const_cast<bf16*>(k_cache), p.v_cache_out = const_cast<bf16*>(v_cache);
   }
-  kDecodeLaunchers[v](p, LaunchDims{num_seqs, 1, max_context_len, num_seqs}, stream);
+  kDecodeLaunchers[v](p, LaunchDims{num_seqs, 1, max_context_len}, stream);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -100,14 +100,13 @@ namespace nanovllm {
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 
-// Prefill: as prefill_attention_cpu. num_q_rows (cu_seqlens_q[num_seqs], the rows of q) and max_seqlen_q
-// size the launch. `version`: see attention_version_for (kAttentionVersionDefault: the fastest). From v1
-// on, q and out rows must be 16-byte aligned (pointers, and strides multiples of 8): the kernels load 16
-// bytes at a time.
+// Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size. `version`: see
+// attention_version_for (kAttentionVersionDefault: the fastest). From v1 on, q and out rows must be
+// 16-byte aligned (pointers, and strides multiples of 8): the kernels load 16 bytes at a time.
 void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
-                            const int32_t* block_tables, int block_table_width, int num_seqs, int num_q_rows,
-                            int max_seqlen_q, const AttentionShape& shape, int version, cudaStream_t stream);
+                            const int32_t* block_tables, int block_table_width, int num_seqs, int max_seqlen_q,
+                            const AttentionShape& shape, int version, cudaStream_t stream);
 
 // Decode: as decode_attention_cpu. From v2 on, flash-decoding: the context is cut into partitions of
 // decode_partition_size(...) keys, each attended by its own thread block, and the partial results (max,

@@ -97,7 +97,7 @@ void check_prefill(AttentionShape s, const std::vector<int>& seqlen_q, const std
   for (int version : only.empty() ? versions_of(AttentionPhase::Prefill) : only) {
     d_out.poison();
     prefill_attention_cuda(d_out.ptr, out_dim, d_q.ptr, q_stride, d_k.ptr, d_v.ptr, d_cu_q.ptr, d_cu_k.ptr, d_bt.ptr,
-                           p.width, int(seqlen_q.size()), T, max_q, s, version, 0);
+                           p.width, int(seqlen_q.size()), max_q, s, version, 0);
     EXPECT_LE(rel_error(to_float(d_out.get()), want), 1e-2)
         << "prefill, " << version_label(AttentionPhase::Prefill, version, s) << ", " << describe(s);
   }
@@ -214,8 +214,8 @@ TEST(Ch05_AttentionCuda, PrefillLongCachedPrefixManyKvTiles) {
 TEST(Ch05_AttentionCuda, PrefillManyShortSequences) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(12);
-  // More sequences than v12's block has threads (128): it finds its block's sequence in several passes,
-  // and the sequences' tiles lie in one row of blocks, many of them one tile long.
+  // A prefill step of many short prompts, as bench's are but more of them: 150 sequences of 1-70 queries,
+  // many of them one row tile long, most of the grid's blocks past their sequence's rows.
   std::vector<int> seqlen_q(150), seqlen_k(150);
   for (size_t b = 0; b < seqlen_q.size(); b++) {
     seqlen_q[b] = 1 + int(rng() % 70);
@@ -223,9 +223,6 @@ TEST(Ch05_AttentionCuda, PrefillManyShortSequences) {
   }
   check_prefill(shape_of(16, 8, 128, 256), seqlen_q, seqlen_k, rng);
   check_prefill(shape_of(6, 2, 64, 16), seqlen_q, seqlen_k, rng);
-  // Fewer than 128: one pass, the ranges from what it loaded.
-  seqlen_q.resize(100), seqlen_k.resize(100);
-  check_prefill(shape_of(16, 8, 128, 64), seqlen_q, seqlen_k, rng);
 }
 
 TEST(Ch05_AttentionCuda, PrefillOddHeadDimsRunTheFallback) {

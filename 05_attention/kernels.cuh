@@ -28,7 +28,6 @@ struct AttentionParams {
   // cu_seqlens_k[b+1] - cu_seqlens_k[b] keys. (num_seqs + 1) each.
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
-  int num_seqs;  // prefill: sequences in cu_seqlens_q and cu_seqlens_k (v12 finds its block's among them)
   // Decode: sequence b has query row b and context_lens[b] keys. (num_seqs)
   const int32_t* context_lens;
   // Split-K decode (v2 and later): each (sequence, query head) gets max_partitions partial results.
@@ -64,14 +63,12 @@ __host__ __device__ inline int partition_size_for(const AttentionParams& p, int 
   return keys <= 16 ? 16 : (keys + 15) / 16 * 16;
 }
 
-// The launch size the dispatch knows: num_seqs, the most query rows of one sequence (1 in decode), the
-// most keys (max_context_len in decode, bounding the partitions) and the query rows of all sequences
-// together (cu_seqlens_q[num_seqs] in prefill, num_seqs in decode).
+// The launch size the dispatch knows: num_seqs, the most query rows of one sequence (1 in decode) and
+// the most keys (max_context_len in decode, bounding the partitions).
 struct LaunchDims {
   int num_seqs;
   int max_seqlen_q;
   int max_context_len;
-  int num_q_rows;
 };
 
 // One launcher per version and phase it implements (each in its own file). They check nothing: the

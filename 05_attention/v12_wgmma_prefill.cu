@@ -16,9 +16,9 @@
 //           cores, which read shared memory through another path than the threads' loads and stores. When
 //           the cache's blocks hold whole tiles (block_size a multiple of 64: nano-vllm's 256), a tile's
 //           keys are consecutive slots, found with one block-table read instead of one per key.
-// Launch:   v5's tiles and their order in a one-row grid with no empty blocks (row_tile_of_block), 128
-//           threads (one warpgroup), dynamic shared memory 4 tiles (K x 2, V x 2: 64 KB at head_dim 128) +
-//           1 KB to align them to 1,024 bytes; at most 168 registers a thread (3 blocks an SM). Head dims 64 and 128. On a GPU without wgmma (or code not built for sm_90a) the
+// Launch:   v5's grid and order, 128 threads (one warpgroup), dynamic shared memory 4 tiles (K x 2, V x 2:
+//           64 KB at head_dim 128) + 1 KB to align them to 1,024 bytes; at most 168 registers a thread (3
+//           blocks an SM). Head dims 64 and 128. On a GPU without wgmma (or code not built for sm_90a) the
 //           dispatch runs v5 instead (attention.cu).
 // Measured: `attention prefill` over bench.py's workload 92 ms (v5) -> 62 ms; 76 ms without the one
 //           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma"); whole tiles
@@ -111,40 +111,8 @@ __device__ inline void load_kv_tile(const AttentionParams& p, const int32_t* blo
   }
 }
 
-// The grid is one row of blocks, every sequence's row tiles one after another, with no blocks past a
-// sequence's rows but at most one a (sequence, KV head). Sequence s owns num_kv_heads * n(s) blocks from
-// block num_kv_heads * first_slot(s): for each KV head in turn, n(s) tiles of 64 rows, the heaviest (the
-// last rows) first, as v5's grid orders them. first_slot(s) = cu_seqlens_q[s] * G / kBr + s, so that
-// n(s) = first_slot(s + 1) - first_slot(s) is ceil(seqlen_q * G / kBr) or one more. (v5's grid gives
-// every sequence max_seqlen_q's tiles: over bench's prompts of 100-1,024 tokens about half its blocks
-// found no rows, and each still took a place on an SM to find it; NOTES.md, "v12's grid without empty
-// blocks".)
-__device__ inline int first_slot(int cu_seqlen_q, int seq, int G) { return cu_seqlen_q * G / kBr + seq; }
-
-// The sequence whose blocks hold block x: the number of sequences after the first whose first block is at
-// or before x. Every thread takes part (each counts one sequence a pass, a block barrier a pass), and every
-// thread gets it; with fewer than kThreads sequences (one pass) the sequence's range comes from the
-// entries the pass loaded into `entries` (kThreads x {cu_seqlens_q, cu_seqlens_k}), not another round trip
-// to memory.
-__device__ inline int sequence_of_block(const AttentionParams& p, int x, int G, int2* entries, SeqRange& r) {
-  int seq = 0;
-  for (int base = 0; base <= p.num_seqs; base += kThreads) {
-    const int i = base + threadIdx.x;
-    int2 e = {0, 0};
-    if (i <= p.num_seqs) e = {p.cu_seqlens_q[i], p.cu_seqlens_k[i]};
-    entries[threadIdx.x] = e;
-    seq += __syncthreads_count(i >= 1 && i < p.num_seqs && p.num_kv_heads * first_slot(e.x, i, G) <= x);
-  }
-  if (p.num_seqs < kThreads) {  // entries seq and seq + 1 are this pass's, and the barrier made them visible
-    const int2 e0 = entries[seq], e1 = entries[seq + 1];
-    r = {e0.x, e1.x - e0.x, e1.y - e0.y};
-  } else {
-    r = seq_range(p, seq);
-  }
-  return seq;
-}
-
-// What block x works on: a row tile of one sequence's (token, head) rows that read one KV head.
+// What a block (x, kv_head, seq) works on: row tile gridDim.x - 1 - x (v5's order, the
+// heaviest first) of sequence seq's (token, head) rows that read KV head kv_head.
 struct RowTile {
   SeqRange r;
   int G, kv_head, num_rows, first_row;
@@ -155,24 +123,18 @@ struct RowTile {
 };
 
 // Whether the block has rows (a block past its sequence's rows returns whole: every thread, so no wgmma
-// is left waiting for part of the warpgroup). `entries`: kThreads int2 of shared memory.
-__device__ inline bool row_tile_of_block(const AttentionParams& p, int2* entries, RowTile& b) {
-  const int x = blockIdx.x;
-  b.G = p.num_heads / p.num_kv_heads;
-  const int seq = sequence_of_block(p, x, b.G, entries, b.r);
-  const int first = first_slot(b.r.q_row0, seq, b.G);
-  const int n = first_slot(b.r.q_row0 + b.r.seqlen_q, seq + 1, b.G) - first;  // row tiles, or one more
-  const int local = x - p.num_kv_heads * first;  // 0 .. num_kv_heads * n - 1, but past the last sequence's
-  if (local >= p.num_kv_heads * n) return false;  // blocks when the launch counted more rows than there are
-  b.kv_head = local / n;
+// is left waiting for part of the warpgroup).
+__device__ inline bool row_tile_of_block(const AttentionParams& p, RowTile& b) {
+  b.r = seq_range(p, blockIdx.z);
+  b.G = p.num_heads / p.num_kv_heads, b.kv_head = blockIdx.y;
   b.num_rows = b.r.seqlen_q * b.G;
-  b.first_row = (n - 1 - local % n) * kBr;
+  b.first_row = (gridDim.x - 1 - blockIdx.x) * kBr;
   if (b.first_row >= b.num_rows) return false;
   const int causal_offset = b.r.seqlen_k - b.r.seqlen_q, last_row = min(b.first_row + kBr, b.num_rows) - 1;
   b.key_end = causal_offset + last_row / b.G + 1;
   b.full_keys = causal_offset + b.first_row / b.G + 1;
   b.num_kv_tiles = (b.key_end + kBc - 1) / kBc;
-  b.block_table = p.block_tables + int64_t(seq) * p.block_table_width;
+  b.block_table = p.block_tables + int64_t(blockIdx.z) * p.block_table_width;
   return true;
 }
 
@@ -373,10 +335,9 @@ __device__ inline void issue_pv(float (&O)[HEAD_DIM / 2], const float (&P)[kBc /
 // ---------------------------------------------------------------------------------------------------
 // The kernel
 
-// Block x takes row tile t of a sequence and KV head (row_tile_of_block): rows 64 t .. 64 t + 63 of the
-// sequence's rows that read KV head kv_head (row -> token row / G, head kv_head * G + row % G) -> their out
-// rows. v5's kernel with the products on wgmma and a grid without v5's empty blocks; what is the same is
-// said once, there.
+// Block (x, kv_head, seq) takes row tile t = gridDim.x - 1 - x: rows 64 t .. 64 t + 63 of sequence seq
+// that read KV head kv_head (row -> token row / G, head kv_head * G + row % G) -> their out rows. v5's
+// kernel with the products on wgmma; what is the same is said once, there.
 template <int HEAD_DIM>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v12_wgmma_prefill_kernel(AttentionParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -385,9 +346,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v12_wgmma_pr
   // The swizzle's 8-row groups must start on 1,024-byte boundaries: the hardware swizzles by address.
   const uint32_t sK = (smem_address(smem_raw) + 1023u) & ~1023u;  // (2, tile) K: double buffer
   const uint32_t sV = sK + 2 * kTileBytes;                         // (2, tile) V: double buffer
-  __shared__ int2 seq_entries[kThreads];  // the sequences' cu_seqlens_q and cu_seqlens_k, a pass at a time
   RowTile b;
-  if (!row_tile_of_block(p, seq_entries, b)) return;
+  if (!row_tile_of_block(p, b)) return;
   auto load_kv = [&](int t) {
     const uint32_t buf = uint32_t((t % 2) * kTileBytes);
     load_kv_tile<HEAD_DIM>(p, b.block_table, b.kv_head, b.key_end, t, sK + buf, sV + buf);
@@ -447,9 +407,7 @@ __device__ const int kWgmmaPrefillCompiled =
 template <int HEAD_DIM>
 void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
   const int G = p.num_heads / p.num_kv_heads;
-  // first_slot(num_seqs) blocks for each KV head (row_tile_of_block).
-  const int64_t blocks = int64_t(p.num_kv_heads) * (int64_t(dims.num_q_rows) * G / kBr + dims.num_seqs);
-  const dim3 grid{unsigned(blocks)};
+  const dim3 grid(unsigned((dims.max_seqlen_q * G + kBr - 1) / kBr), unsigned(p.num_kv_heads), unsigned(dims.num_seqs));
   const int smem_bytes = 4 * kBc * HEAD_DIM * 2 + 1024;  // K x 2, V x 2, and the alignment
   allow_dynamic_smem(reinterpret_cast<const void*>(attention_v12_wgmma_prefill_kernel<HEAD_DIM>),
                      smem_bytes, stream);
