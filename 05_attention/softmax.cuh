@@ -31,6 +31,15 @@ __device__ inline float online_softmax_rescale(float m_old, float m_new) {
   return m_new == -INFINITY ? 1.0f : exp2f(m_old - m_new);
 }
 
+// 2^x in one instruction: the special-function unit's ex2.approx with a result below 2^-126 flushed to zero.
+// exp2f is the same instruction with a range check and two multiplies around it that keep such results as
+// denormals; a probability under 2^-126 (e^-87 of the row's largest) adds nothing an output can hold.
+__device__ inline float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Merges the state (m_b, l_b, O_b) into (m_a, l_a, O_a); both cover disjoint sets of keys, N dims of O.
 template <int N>
 __device__ inline void online_softmax_merge(float& m_a, float& l_a, float (&O_a)[N], float m_b, float l_b,

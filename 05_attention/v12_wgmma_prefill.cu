@@ -23,7 +23,8 @@
 // Measured: `attention prefill` over bench.py's workload 92 ms (v5) -> 62 ms; 76 ms without the one
 //           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma"); whole tiles
 //           copied with one address a thread, 66.5 -> 52.8 ms in the eager profile, the last tile too,
-//           51.1 -> 50.5 ms (NOTES.md).
+//           51.1 -> 50.5 ms; the softmax's exponentials with denormals flushed (exp2_ftz), 49.7-50.1 ->
+//           47.6-47.9 ms (NOTES.md).
 //
 // ---------------------------------------------------------------------------------------------------
 // The products (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"). Thread t of the
@@ -211,7 +212,7 @@ __device__ inline void softmax_tile(const AttentionParams& p, const RowTile& b, 
   }
 #pragma unroll
   for (int i = 0; i < kBc / 2; i++) {
-    S[i] = exp2f(fmaf(S[i], p.scale_log2, -m_use[(i / 2) % 2]));
+    S[i] = exp2_ftz(fmaf(S[i], p.scale_log2, -m_use[(i / 2) % 2]));  // 1 instruction, where exp2f is 4
     rows.l[(i / 2) % 2] += S[i];
   }
 }
