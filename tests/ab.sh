@@ -20,8 +20,10 @@
 # Prints one line per batch size (each variant's step in ms, round by round: the graph step where there is
 # one, else the eager step) and one per bench run (tok/s, the decode steps' GB/s, the prefill steps' time, the
 # median time to first token). Exits non-zero if a patch does not apply or a variant does not build.
+# Builds everything again where the sources differ from those the build folder was last built from
+# (build_stamp.sh: a warm device machine keeps the objects of its call before).
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
 batches=${AB_BATCHES:-1 16 64 256}
 rounds=${AB_ROUNDS:-2}
 step_args=${AB_STEP:---random qwen3-0.6b}
@@ -30,6 +32,8 @@ bench_args=${AB_BENCH_ARGS:---random qwen3-0.6b}
 B=${AB_BUILD:-build-gpu}
 make_args=${AB_MAKE:-CUDA_ARCH=90}
 mkdir -p "$B/ab"
+. "$(dirname "$0")/build_stamp.sh"
+touch_sources_unless_built_from_them "$B"
 
 names=() options=() envs=()
 applied=""  # the patch in the tree while its variant builds: taken out again however the script ends
@@ -51,10 +55,12 @@ for spec in "$@"; do
   if [ -n "$patch" ]; then
     git apply "$patch" || { echo "error: $patch does not apply (variant $name)" >&2; exit 1; }
     applied=$patch
+    forget_built_from "$B"
   fi
   # shellcheck disable=SC2086  # make_args is a list of settings
   make -j"$(nproc)" BUILD="$B" $make_args "$B/nanovllm" > "$B/ab/$name.build.log" 2>&1
   built=$?
+  [ $built -eq 0 ] && [ -z "$applied" ] && record_built_from_sources "$B"
   [ $built -eq 0 ] && cp "$B/nanovllm" "$B/ab/$name"
   [ -n "$applied" ] && git apply -R "$applied" && applied=""
   [ $built -eq 0 ] || { tail -20 "$B/ab/$name.build.log"; echo "error: variant $name does not build" >&2; exit 1; }

@@ -25,6 +25,7 @@
 #              graph, kernel by kernel, summed over the run, beside the untraced run
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
 # Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
+# The build is whole again where the sources differ from those build-gpu was last built from (build_stamp.sh).
 set -uo pipefail
 out=${1:-build-gpu/logs}
 shift || true
@@ -33,8 +34,11 @@ mkdir -p "$out"
 B=build-gpu
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 start=$(date +%s)
+. "$(dirname "$0")/build_stamp.sh"
+touch_sources_unless_built_from_them $B
 make -j"$(nproc)" BUILD=$B CUDA_ARCH=90 all $(for c in 01 02 03 04 05 06 07; do echo $B/test_ch$c; done) \
   $B/test_e2e $B/test_book > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+record_built_from_sources $B
 echo "build: $(( $(date +%s) - start )) s"
 status=0
 # The engine's objects, without tests or main: what the measurement programs below link against.
