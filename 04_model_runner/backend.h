@@ -135,6 +135,12 @@ class Backend {
                            float eps) = 0;
   // out (n, out_features) act or F32 = x (n, in_features) act @ weight (out_features, in_features)^T.
   virtual void linear(const Tensor& out, const Tensor& x, const Tensor& weight) = 0;
+  // linear, for qkv's projection, whose output attention reads next. The GPU lets attention in beside it in a
+  // captured step with one rank: a cuBLAS GEMM there leaves a few SMs free, where attention's blocks start
+  // while it runs (06_tensor_parallel/linear.h, kSpareSmsBeforeAttention).
+  virtual void linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) {
+    linear(out, x, weight);
+  }
   // In place on qkv (n, qkv_dim): per-head RMSNorm of q and k, then RoPE at positions (n,) i32, using
   // cos/sin tables (max_positions, head_dim / 2) F32.
   virtual void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,

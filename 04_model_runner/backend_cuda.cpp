@@ -173,6 +173,15 @@ class CudaBackend final : public Backend {
     linear_->run(out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
                  int(weight.shape[0]));
   }
+  void linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) override {
+    // Only where attention's blocks can use the spare SMs: in a graph whose edges out of cuBLAS's kernels
+    // start_successors_early moves (end_capture: one rank). Eagerly they would start only after the GEMM.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+    const int spare = capture == cudaStreamCaptureStatusActive && group_.size == 1 ? kSpareSmsBeforeAttention : 0;
+    linear_->run(out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
+                 int(weight.shape[0]), spare);
+  }
   void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                     const Tensor& cos, const Tensor& sin, const HeadLayout& h, float eps) override {
     qk_norm_rope_cuda(b16(qkv), qkv.row_size(), b16(q_norm), b16(k_norm), i32(positions), f32(cos), f32(sin),

@@ -94,6 +94,9 @@ void ProfiledBackend::add_rmsnorm(const Tensor& out, const Tensor& residual, con
 void ProfiledBackend::linear(const Tensor& out, const Tensor& x, const Tensor& weight) {
   timed(linear_label("linear ", x, weight), [&] { inner_->linear(out, x, weight); });
 }
+void ProfiledBackend::linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) {
+  timed(linear_label("linear ", x, weight), [&] { inner_->linear_before_attention(out, x, weight); });
+}
 void ProfiledBackend::qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                    const Tensor& positions, const Tensor& cos, const Tensor& sin,
                                    const HeadLayout& heads, float eps) {

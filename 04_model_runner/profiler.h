@@ -70,6 +70,7 @@ class ProfiledBackend final : public Backend {
   void add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& x, const Tensor& weight,
                    float eps) override;
   void linear(const Tensor& out, const Tensor& x, const Tensor& weight) override;
+  void linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) override;
   void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                     const Tensor& cos, const Tensor& sin, const HeadLayout& heads, float eps) override;
   void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,

@@ -235,7 +235,7 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
     const Qwen3Weights::Layer& w = weights_.layers[l];
     // The norm after the layer: the next layer's attention norm, after the last layer the model's final norm.
     const Tensor& next_norm = l + 1 < num_layers ? weights_.layers[l + 1].input_layernorm : weights_.norm;
-    b.linear(qkv, normed, w.qkv_proj);
+    b.linear_before_attention(qkv, normed, w.qkv_proj);
     if (prefill && l + 1 == num_layers) {
       // The last layer of a prefill. Every row's K and V go into the cache, since later steps attend to
       // them; past that, a row's work feeds only its own row, and only each sequence's last row reaches the

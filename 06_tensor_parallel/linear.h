@@ -156,6 +156,10 @@ constexpr int kTunedMaxRows = 512;
 // kTunedMaxRows too, where v1 would run: the LM head at 256 rows 133.6 -> 126.2 µs a step (H200; the layer
 // projections gained nothing from v3: 04_model_runner/NOTES.md section 2).
 constexpr int kTunedWideOut = 16384;
+// SMs qkv's cuBLAS GEMM leaves to decode attention in a captured step, whose blocks start there as the GEMM's
+// blocks start and copy their first K/V tiles before they wait for it: `bench` +0.25-0.5% with 20 of the
+// H200's 132 (qkv leaving 32: the same within the spread; every GEMM leaving 12-32: +0.2%, 44: -0.1%).
+constexpr int kSpareSmsBeforeAttention = 20;
 }  // namespace nanovllm
 
 #ifdef NANOVLLM_CUDA
@@ -170,8 +174,10 @@ constexpr int kTunedWideOut = 16384;
 namespace nanovllm {
 
 // v1: on the handle's stream, with the handle's workspace. cuBLAS is column-major: see linear_cuda.cpp.
+// sm_target > 0: cuBLAS chooses its kernel for that many SMs, leaving the others to the kernel after it
+// (cublasSetSmCountTarget, set on the handle for this call; 0, the default, is every SM).
 void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
-                 int in_features, int out_features);
+                 int in_features, int out_features, int sm_target = 0);
 
 // v2: for 1 <= n <= kGemvMaxRows (decode's small batches). One warp per two weight rows computes them for
 // all n rows of x with 16-byte loads and a warp-shuffle sum; rows longer than 1,024 in_features are split
@@ -424,7 +430,11 @@ class CudaLinear {
  public:
   CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspace, size_t workspace_bytes,
              int version = kLinearVersionDefault);
-  void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features);
+  // spare_sms: where the call runs v1 (cuBLAS), SMs its GEMM leaves free for the kernel after it, whose
+  // blocks a graph lets in as the GEMM's blocks start (start_successors_early, cuda_utils.h); 0: none.
+  // qkv before decode attention leaves kSpareSmsBeforeAttention (04_model_runner/NOTES.md, section 18).
+  void run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+           int spare_sms = 0);
   // Whether n rows of the model's projections run fused, in v7 (version 7, n <= kPrefetchFasterRows, a GPU
   // that has it): the backend's rmsnorm_linear, linear_add and silu_linear_add then call linear_prefetch_cuda.
   bool fuses(int n) const { return version_ == 7 && n >= 1 && n <= kPrefetchFasterRows && linear_prefetch_available(); }
@@ -447,6 +457,9 @@ class CudaLinear {
   bool fuses_sample(int n) const {
     return version_ >= 6 && n >= kWgmmaSampleMinRows && n <= kWgmmaSampleMaxRows && linear_wgmma_available();
   }
+
+  // cuBLAS's SM target that leaves spare_sms of this device's SMs free (0: all of them, cuBLAS's default).
+  static int sm_target(int spare_sms);
 
  private:
   // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to max_rows, a layer

@@ -11,9 +11,11 @@
 namespace nanovllm {
 
 void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
-                 int in_features, int out_features) {
+                 int in_features, int out_features, int sm_target) {
   if (n == 0) return;
   const float alpha = 1.0f, beta = 0.0f;
+  // The handle keeps its target from call to call, so every call sets its own.
+  if (cublasSetSmCountTarget(handle, sm_target) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS refused an SM target of ", sm_target);
   cublasStatus_t status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out_features, n, in_features, &alpha, W,
                                        CUDA_R_16BF, in_features, x, CUDA_R_16BF, in_features, &beta, y,
                                        y_is_fp32 ? CUDA_R_32F : CUDA_R_16BF, out_features, CUBLAS_COMPUTE_32F,
@@ -31,7 +33,8 @@ CudaLinear::CudaLinear(cublasHandle_t cublas, cudaStream_t stream, void* workspa
     fail("linear version ", version, " does not exist (", kLinearVersionMin, " to ", kLinearVersionMax, ")");
 }
 
-void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
+void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features,
+                     int spare_sms) {
   if (n == 0) return;
   if (runs_wgmma(x, W, n, in_features, out_features,
                  out_features <= kWgmmaNarrowOut ? kWgmmaNarrowRows : kWgmmaFasterRows)) {
@@ -54,7 +57,15 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
   // LM head) there and for every projection above (prefill), once per bucket of rows.
   const bool timed = version_ == 3 || (version_ >= 2 && (out_features > kTunedWideOut || n > kTunedMaxRows));
   if (timed && lt_.run(y, y_is_fp32, x, W, n, in_features, out_features)) return;
-  linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features);
+  linear_cuda(cublas_, y, y_is_fp32, x, W, n, in_features, out_features, sm_target(spare_sms));
+}
+
+int CudaLinear::sm_target(int spare_sms) {
+  if (spare_sms <= 0) return 0;
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms > 2 * spare_sms ? sms - spare_sms : 0;  // a small GPU keeps every SM for the GEMM
 }
 
 bool CudaLinear::runs_wgmma(const bf16* x, const bf16* W, int n, int in_features, int out_features,

@@ -107,6 +107,39 @@ TEST(Ch06_LinearCuda, MatchesCpu) {  // v1, cublasGemmEx
     expect_matches_cpu(v1, s, rng, "v1");
 }
 
+// qkv before decode attention (kSpareSmsBeforeAttention): cuBLAS on fewer SMs gives the same product, and the
+// handle's target, which cuBLAS keeps from call to call, is the call's own: the next plain call has every SM.
+TEST(Ch06_LinearCuda, SpareSmsKeepTheProductAndLeaveNothingBehind) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(19);
+  CudaContext ctx;
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  EXPECT_EQ(CudaLinear::sm_target(0), 0);
+  EXPECT_EQ(CudaLinear::sm_target(kSpareSmsBeforeAttention),
+            sms > 2 * kSpareSmsBeforeAttention ? sms - kSpareSmsBeforeAttention : 0);
+  EXPECT_EQ(CudaLinear::sm_target(sms), 0);  // never the whole GPU spared
+  CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n);
+  int target = -1;
+  // 64 and 256 rows of Qwen3-0.6B's qkv run on cuBLAS (v1) in the default version; 5 rows do not (v5).
+  for (int n : {64, 256, 5}) {
+    const Project spared = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+      linear.run(y, fp32, x, W, s.n, s.in, s.out, kSpareSmsBeforeAttention);
+    };
+    expect_matches_cpu(spared, Shape{n, 1024, 4096}, rng, "spare SMs, " + std::to_string(n) + " rows");
+    if (n == 5) continue;
+    ASSERT_EQ(cublasGetSmCountTarget(ctx.cublas, &target), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(target, CudaLinear::sm_target(kSpareSmsBeforeAttention)) << n;
+    const Project plain = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
+      linear.run(y, fp32, x, W, s.n, s.in, s.out);
+    };
+    expect_matches_cpu(plain, Shape{n, 1024, 4096}, rng, "every SM, " + std::to_string(n) + " rows");
+    ASSERT_EQ(cublasGetSmCountTarget(ctx.cublas, &target), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(target, 0) << n;
+  }
+}
+
 TEST(Ch06_LinearCuda, GemvRefusesWhatItCannotDo) {  // host logic only: no GPU needed
   alignas(16) static bf16 buffer[64];
   EXPECT_TRUE(linear_gemv_fits(buffer, buffer, 1, 1024));
