@@ -62,9 +62,7 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
 
 int CudaLinear::sm_target(int spare_sms) {
   if (spare_sms <= 0) return 0;
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessor_count();
   return sms > 2 * spare_sms ? sms - spare_sms : 0;  // a small GPU keeps every SM for the GEMM
 }
 

@@ -113,9 +113,7 @@ TEST(Ch06_LinearCuda, SpareSmsKeepTheProductAndLeaveNothingBehind) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(19);
   CudaContext ctx;
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessor_count();
   EXPECT_EQ(CudaLinear::sm_target(0), 0);
   EXPECT_EQ(CudaLinear::sm_target(kSpareSmsBeforeAttention),
             sms > 2 * kSpareSmsBeforeAttention ? sms - kSpareSmsBeforeAttention : 0);
