@@ -2,9 +2,8 @@
 // build/nanovllm as a user would.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "01_sequence/engine_config.h"
@@ -247,6 +246,17 @@ TEST(E2E_Cli, BenchStepPrintsTheStepFloor) {
                         " --batch 3 --context 40 --iters 1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("floor: 2.6 MB per step (weights 2.2 MB + K/V 0.4 MB)\n"), std::string::npos) << r.out;
+  // The host's share of the step: its two parts are inside the step time they make up.
+  double step_ms = 0, queue_us = -1, wait_us = -1;
+  const size_t at_step = r.out.find("step time: "), at_host = r.out.find("host per step: ");
+  ASSERT_NE(at_step, std::string::npos) << r.out;
+  ASSERT_NE(at_host, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at_step, "step time: %lf ms", &step_ms), 1) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at_host, "host per step: %lf us preparing and queuing, %lf us waiting", &queue_us,
+                        &wait_us), 2) << r.out;
+  EXPECT_GT(queue_us, 0.0);
+  EXPECT_GE(wait_us, 0.0);
+  EXPECT_LE((queue_us + wait_us) / 1000, step_ms * 1.01 + 0.01) << r.out;
 }
 
 TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {

@@ -293,14 +293,23 @@ int cmd_bench_step(const Flags& flags) {
     owned.back()->num_scheduled_tokens = 1;
     seqs.push_back(owned.back().get());
   }
-  // Milliseconds per step, host work included: one warm-up, then the mean of `iterations` steps.
+  // Milliseconds per step, host work included: one warm-up, then the mean of `iterations` steps. `host`
+  // gets the mean of ModelRunner::last_run_times: the host preparing and queuing each step, then waiting for
+  // its tokens (on a GPU, mostly the device running it).
+  ModelRunner::RunTimes host;
   auto time_step = [&] {
     runner.run(seqs, false);
+    host = ModelRunner::RunTimes{};
     auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iterations; i++) runner.run(seqs, false);  // returns the tokens: synchronous
+    for (int i = 0; i < iterations; i++) {
+      runner.run(seqs, false);  // returns the tokens: synchronous
+      host.queue_seconds += runner.last_run_times().queue_seconds / iterations;
+      host.wait_seconds += runner.last_run_times().wait_seconds / iterations;
+    }
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iterations;
   };
   const double graph_ms = time_step();
+  const ModelRunner::RunTimes graph_host = host;
   // One more step for an external profiler (`ncu --profile-from-start off`), under the graph when there is one.
   profiler_range_begin();
   runner.run(seqs, false);
@@ -322,10 +331,17 @@ int cmd_bench_step(const Flags& flags) {
   else
     std::printf("decode step: batch %d, context %d, cpu (no copy bandwidth to compare with on the CPU)\n", batch,
                 context);
-  if (runner.graph_batch_sizes().empty())
+  const bool graphs = !runner.graph_batch_sizes().empty();
+  if (!graphs)
     std::printf("step time: %.3f ms (host work included; no CUDA graphs on this device)\n", eager_ms);
   else
     std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", eager_ms, graph_ms);
+  // What the step time above is made of on the host (the graph step's where there is one): a synchronous
+  // loop pays the host's preparing and launching, which the engine's overlapped loop hides (02_scheduler,
+  // "Beyond nano-vllm"), on top of the device's run.
+  const ModelRunner::RunTimes& shown = graphs ? graph_host : host;
+  std::printf("host per step: %.1f us preparing and queuing, %.1f us waiting for the tokens\n",
+              shown.queue_seconds * 1e6, shown.wait_seconds * 1e6);
   if (copy_gbps > 0)
     std::printf("floor: %.1f MB per step (weights %.1f MB + K/V %.1f MB) = %.3f ms at the copy bandwidth\n",
                 (floor_weights + floor_kv) / 1e6, floor_weights / 1e6, floor_kv / 1e6,
