@@ -337,8 +337,8 @@ int cmd_bench_step(const Flags& flags) {
   else
     std::printf("step time: %.3f ms eager, %.3f ms under a CUDA graph (host work included)\n", eager_ms, graph_ms);
   // What the step time above is made of on the host (the graph step's where there is one): a synchronous
-  // loop pays the host's preparing and launching, which the engine's overlapped loop hides (02_scheduler,
-  // "Beyond nano-vllm"), on top of the device's run.
+  // loop pays the host's preparing and launching, which the engine's overlapped loop hides
+  // (02_scheduler/README.md, "Beyond nano-vllm"), on top of the device's run.
   const ModelRunner::RunTimes& shown = graphs ? graph_host : host;
   std::printf("host per step: %.1f us preparing and queuing, %.1f us waiting for the tokens\n",
               shown.queue_seconds * 1e6, shown.wait_seconds * 1e6);
