@@ -14,6 +14,8 @@
 #   AB_BATCHES  the batch sizes bench-step runs (default "1 16 64 256")
 #   AB_ROUNDS   rounds of bench-step over the variants (default 2)
 #   AB_STEP     bench-step's model and options (default "--random qwen3-0.6b")
+#   AB_LOOP     which step time of bench-step: step (default: the synchronous loop's) or overlapped (the
+#               engine's loop, each step queued before the tokens of the one ahead are read)
 #   AB_BENCH    runs of bench per variant, alternating (default 2; 0: none)
 #   AB_BENCH_ARGS  bench's model and options (default "--random qwen3-0.6b")
 #   AB_BUILD, AB_MAKE  the build folder and make's settings (default build-gpu, "CUDA_ARCH=90")
@@ -27,6 +29,8 @@ set -uo pipefail
 batches=${AB_BATCHES:-1 16 64 256}
 rounds=${AB_ROUNDS:-2}
 step_args=${AB_STEP:---random qwen3-0.6b}
+loop=${AB_LOOP:-step}
+[ "$loop" = step ] || [ "$loop" = overlapped ] || { echo "error: AB_LOOP must be step or overlapped, got '$loop'" >&2; exit 2; }
 bench_runs=${AB_BENCH:-2}
 bench_args=${AB_BENCH_ARGS:---random qwen3-0.6b}
 B=${AB_BUILD:-build-gpu}
@@ -67,12 +71,13 @@ for spec in "$@"; do
   binary_of_patch[x$patch]="$B/ab/$name"
 done
 
-# One run of variant v: bench-step's step time in ms (the graph's where it ran one).
+# One run of variant v: bench-step's step time in ms (the graph's where it ran one), or its overlapped one.
 step_ms() {  # VARIANT_INDEX BATCH
   local v=$1 line
   # shellcheck disable=SC2086  # the settings and options are lists
-  line=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench-step $step_args --batch "$2" ${options[$v]} 2>&1 | grep -m1 '^step time:')
-  if [[ $line =~ ([0-9.]+)\ ms\ under\ a\ CUDA\ graph ]]; then echo "${BASH_REMATCH[1]}"
+  line=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench-step $step_args --batch "$2" ${options[$v]} 2>&1 | grep -m1 "^$loop"' \(time\|step\):')
+  if [[ $line =~ ^overlapped\ step:\ ([0-9.]+)\ ms ]]; then echo "${BASH_REMATCH[1]}"
+  elif [[ $line =~ ([0-9.]+)\ ms\ under\ a\ CUDA\ graph ]]; then echo "${BASH_REMATCH[1]}"
   elif [[ $line =~ ^step\ time:\ ([0-9.]+)\ ms ]]; then echo "${BASH_REMATCH[1]}"
   else echo "failed"; fi
 }

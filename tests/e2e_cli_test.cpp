@@ -257,6 +257,15 @@ TEST(E2E_Cli, BenchStepPrintsTheStepFloor) {
   EXPECT_GT(queue_us, 0.0);
   EXPECT_GE(wait_us, 0.0);
   EXPECT_LE((queue_us + wait_us) / 1000, step_ms * 1.01 + 0.01) << r.out;
+  // The engine's loop over the same steps: on the CPU a step's work runs while it is queued, so nothing
+  // overlaps and it takes about the synchronous step's time (a second timing of the same work, one step
+  // each: the bounds leave room for the machine's noise).
+  double overlapped_ms = 0;
+  const size_t at_overlapped = r.out.find("overlapped step: ");
+  ASSERT_NE(at_overlapped, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at_overlapped, "overlapped step: %lf ms", &overlapped_ms), 1) << r.out;
+  EXPECT_GT(overlapped_ms, step_ms / 4) << r.out;
+  EXPECT_LT(overlapped_ms, step_ms * 4 + 0.1) << r.out;
 }
 
 TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
