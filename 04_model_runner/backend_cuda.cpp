@@ -1,6 +1,7 @@
 // backend_cuda.cpp: the Backend on a CUDA GPU (what PyTorch does for nano-vllm). Weights, activations
-// and the KV cache are bf16; every operation is one of our kernels (layers.cu, 05_attention, 07_sampler)
-// except the projections of more than 16 rows, which are cuBLASLt or cuBLAS GEMMs (06_tensor_parallel).
+// and the KV cache are bf16; every operation is one of our kernels (layers.cu, 05_attention, 07_sampler,
+// 06_tensor_parallel's projections) except the projections chapter 06's CudaLinear gives to cuBLAS or
+// cuBLASLt (by rows: qkv from 49, gate_up and the LM head from 129, all from 193; its README has the table).
 // Everything is queued on one stream, so that a decode step can be captured as a CUDA graph and replayed.
 #include <algorithm>
 #include <cassert>

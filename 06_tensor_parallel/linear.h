@@ -423,8 +423,8 @@ class CublasLtLinear {
   size_t flush_bytes_ = 0;
 };
 
-// The projection of the CUDA backend: v2, v3, v4, v5 or v1 by n and `version` (kLinearVersionMin ..
-// kLinearVersionMax, see there). `cublas` must be bound to `stream` and to the same workspace
+// The projection of the CUDA backend: v1 to v7 by n, the projection's shape and `version`
+// (kLinearVersionMin .. kLinearVersionMax, see there). `cublas` must be bound to `stream` and to the same workspace
 // (cublasSetStream, cublasSetWorkspace): the versions share it, one after another on the one stream.
 class CudaLinear {
  public:
