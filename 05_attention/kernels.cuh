@@ -1,4 +1,4 @@
-// kernels.cuh: what attention.cu (the dispatch) and the version files v0_naive.cu .. v9_tensor_core_decode.cu
+// kernels.cuh: what attention.cu (the dispatch) and the version files v0_naive.cu .. v12_wgmma_prefill.cu
 // share: the one parameter struct every kernel takes, and the launcher each version file defines.
 // Included only by .cu files.
 #pragma once
@@ -32,15 +32,16 @@ struct AttentionParams {
   const int32_t* context_lens;
   // Split-K decode (v2 and later): each (sequence, query head) gets max_partitions partial results.
   int partition_size;   // keys per partition
-  int max_partitions;   // partitions launched per sequence: ceil(max_context_len / partition_size)
+  int max_partitions;   // partitions launched per sequence (grid.x): ceil(max_context_len / partition_size)
+                        // in v2-v9; `splits` in v10 and v11
   float* part_m;        // (num_seqs, num_heads, max_partitions): running max (base 2)
   float* part_l;        // (num_seqs, num_heads, max_partitions): sum of exp2(s - m)
   float* part_O;        // (num_seqs, num_heads, max_partitions, head_dim): unnormalised output
-  // v10: each sequence's context cut into `splits` near-equal partitions (decode_splits), whatever its
-  // length; 0 = partitions of partition_size keys (v2-v9). With 1 split the block writes `out` itself.
+  // v10 and v11: each sequence's context cut into `splits` near-equal partitions (v10 decode_splits, v11
+  // cluster_decode_splits), whatever its length; 0 = partitions of partition_size keys (v2-v9). With 1 split the block writes `out` itself.
   int splits;
   // Decode with chapter 04's qk_norm_rope_store done by the attention kernel (decode_attention_fused_cuda;
-  // v9 and v10): q and k in the qkv rows that q points into are raw, and the cache lacks this step's key.
+  // v9, v10 and v11): q and k in the qkv rows that q points into are raw, and the cache lacks this step's key.
   // Each block norms and rotates its G query heads itself; the block whose partition holds a sequence's
   // last key first writes that key's K (normed, rotated) and V to the sequence's slot. nullptr q_norm: the
   // plain decode (q ready, every key in the cache).
@@ -56,7 +57,8 @@ struct AttentionParams {
 };
 
 // Keys per partition of a sequence with `context` keys: partition_size, or for v10 the context over
-// `splits` rounded up to whole 16-key tiles (at least one tile).
+// `splits` rounded up to whole 16-key tiles (at least one tile): context 1,000 over 2 splits, 500 -> 512;
+// over 3, 334 -> 336.
 __host__ __device__ inline int partition_size_for(const AttentionParams& p, int context) {
   if (p.splits == 0) return p.partition_size;
   const int keys = (context + p.splits - 1) / p.splits;
@@ -90,7 +92,8 @@ void launch_v11_cluster_combine(const AttentionParams& p, const LaunchDims& dims
 void launch_v12_wgmma_prefill(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream);
 bool wgmma_prefill_available();
 // v9's kernel alone (v9_tensor_core_decode.cu): the partials, or `out` itself when p.splits == 1; with
-// `cluster` (v11; p.splits == p.max_partitions <= 8) the splits of a (sequence, KV head) are a thread-block
+// `cluster` (v11; p.splits == p.max_partitions <= tensor_core_decode_max_cluster(): 16, or 8 where the
+// GPU holds no cluster of 16) the splits of a (sequence, KV head) are a thread-block
 // cluster that merges them into `out` itself.
 void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cudaStream_t stream,
                                       bool cluster = false);

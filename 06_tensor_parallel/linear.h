@@ -206,6 +206,8 @@ void linear_gemv_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_
 // blocks for two per SM, each split at least 128 in_features deep, the partials within workspace_bytes).
 // Needs in_features % 8 == 0 and 16-byte aligned x and W (linear_split_k_fits).
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes);
+// The in_features each of `splits` takes: whole 64-deep stages, with splits x depth >= in_features.
+int linear_split_k_depth(int in_features, int splits);
 // y (n_by_out elements) = the sum of partial[s] (n_by_out fp32 each) over s < splits, added in split order
 // and rounded once: the second kernel of every split-K projection (v4).
 void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t n_by_out, int splits,

@@ -175,6 +175,16 @@ TEST(Ch06_LinearCuda, SplitKSplitsForOccupancyWithinTheWorkspace) {  // host log
   EXPECT_EQ(linear_split_k_splits(1, 1024, 1024, big), 8);     // 16 tiles, at most 1024 / 128 splits
   EXPECT_EQ(linear_split_k_splits(256, 96, 1024, big), 1);     // too shallow to split
   EXPECT_EQ(linear_split_k_splits(256, 2048, 1024, size_t(3) * 256 * 1024 * 4), 3);  // partials must fit
+  EXPECT_EQ(linear_split_k_depth(2048, 5), 448);  // ceil(2048 / 5) = 410 -> 7 stages
+  EXPECT_EQ(linear_split_k_depth(1024, 5), 256);  // 4 splits of 256 and an empty fifth
+  EXPECT_EQ(linear_split_k_depth(1160, 9), 192);  // ceil(1160 / 9) = 129 -> 3 stages (not 128: 9 x 128 < 1160)
+  // Every in_feature in some split, each a whole number of stages, at every split count the plan can pick.
+  for (int in : {96, 200, 1024, 1160, 2048, 2056, 3072, 4104})
+    for (int splits = 1; splits <= 16; splits++) {
+      const int depth = linear_split_k_depth(in, splits);
+      EXPECT_EQ(depth % 64, 0) << in << " over " << splits;
+      EXPECT_GE(int64_t(depth) * splits, in) << in << " over " << splits;
+    }
   alignas(16) static bf16 buffer[64];
   EXPECT_TRUE(linear_split_k_fits(buffer, buffer, 300, 1024));
   EXPECT_FALSE(linear_split_k_fits(buffer, buffer, 4, 100));
@@ -189,10 +199,11 @@ TEST(Ch06_LinearCuda, SplitKMatchesCpu) {  // v4
     linear_split_k_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.workspace.ptr, ctx.workspace.n, ctx.stream);
   };
   // Qwen3-0.6B's four layer projections at decode batches (split or not); ragged rows, outputs and
-  // in_features (96 = one and a half stages, 200 = 25 chunks); one row; more rows than one tile column.
+  // in_features (96 = one and a half stages, 200 = 25 chunks; 1,160 over 9 splits of 192, the seventh
+  // 8 in_features, the last two empty); one row; more rows than one tile column.
   for (int n : {1, 2, 17, 64, 256, 300})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 1024, 6144},
-                    Shape{n, 96, 290}, Shape{n, 200, 33}})
+                    Shape{n, 96, 290}, Shape{n, 200, 33}, Shape{n, 1160, 1024}})
       expect_matches_cpu(v4, s, rng, "v4 (" + std::to_string(linear_split_k_splits(s.n, s.in, s.out, ctx.workspace.n)) + " splits)");
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }

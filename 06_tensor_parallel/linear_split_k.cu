@@ -8,7 +8,7 @@
 //   - small tiles, 64 rows x 64 outputs: 4 x 16 = 64 tiles for o_proj at n = 256;
 //   - split-K: the in_features are cut into `splits` ranges, each its own thread block writing an fp32
 //     partial tile; a second kernel adds the partials (in split order, so the result does not depend on
-//     which block finished first) and rounds once. o_proj at n = 256 runs 4 splits: 256 blocks.
+//     which block finished first) and rounds once. o_proj at n = 256 runs 5 splits: 320 blocks.
 // The weight tile of a block is read from memory once and used for all 64 rows of its x tile; the 4
 // row tiles of one weight tile are neighbours in the grid, so 3 of the 4 reads of it hit L2.
 //
@@ -152,8 +152,7 @@ void launch_split_k(OutT* y, const bf16* x, const bf16* W, int n, int in, int ou
                     size_t workspace_bytes, cudaStream_t stream) {
   const int row_tiles = (n + kTileRows - 1) / kTileRows, out_tiles = (out + kTileOut - 1) / kTileOut;
   const int splits = linear_split_k_splits(n, in, out, workspace_bytes);
-  // Each split takes a whole number of 64-deep stages.
-  const int k_per_split = (in / splits + kTileIn - 1) / kTileIn * kTileIn;
+  const int k_per_split = linear_split_k_depth(in, splits);
   const int smem_bytes = kStagesGemm * 2 * kTileBytes;  // 48 KB: no opt-in needed
   const dim3 grid{unsigned(row_tiles), unsigned(out_tiles), unsigned(splits)};
   launch_overlapped(linear_split_k_kernel<OutT>, grid, kThreadsGemm, smem_bytes, stream, y, workspace, x, W, n, in,
@@ -179,13 +178,23 @@ void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t el
 }
 
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes) {
-  // Enough blocks for two per SM on a 132-SM GPU, each split at least two stages deep, and the partials
-  // within the workspace.
+  // Enough blocks for two per SM on a 132-SM GPU, at most 16 splits, in_features / splits at least two
+  // stages (linear_split_k_depth rounds each split up to whole stages, so the last may be shorter), and the
+  // partials within the workspace.
   const int64_t tiles = int64_t((n + kTileRows - 1) / kTileRows) * ((out_features + kTileOut - 1) / kTileOut);
   int splits = int(std::min<int64_t>(16, (264 + tiles - 1) / tiles));
   splits = std::min(splits, std::max(1, in_features / (2 * kTileIn)));
   while (splits > 1 && size_t(splits) * n * out_features * sizeof(float) > workspace_bytes) splits--;
   return std::max(1, splits);
+}
+
+int linear_split_k_depth(int in_features, int splits) {
+  // ceil(in / splits), then up to whole stages: the splits cover every in_feature. (Rounding in / splits
+  // down first, as this did until 2026-12-04, left 1,160 in_features over 9 splits at 9 x 128 = 1,152: the
+  // last 8 were never multiplied.) The last splits may hold fewer stages, or none: 1,024 over 5 splits is
+  // 4 splits of 256 and an empty fifth, whose blocks write zero partials.
+  const int per_split = (in_features + splits - 1) / splits;
+  return (per_split + kTileIn - 1) / kTileIn * kTileIn;
 }
 
 bool linear_split_k_fits(const bf16* x, const bf16* W, int n, int in_features) {
