@@ -327,7 +327,7 @@ class CudaBackend final : public Backend {
   int device_id_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t upload_done_ = nullptr;  // recorded after each upload_async
-  cudaEvent_t download_done_[2] = {};  // recorded after each download_async, by slot
+  cudaEvent_t download_done_[2] = {};  // (2,) by slot: recorded after each download_async or record_download_async
   // The pulls (pull_async): how many the device has run (pull_counter_, device memory) and has told the host
   // (pull_flag_, pinned host memory the pull kernel writes), how many graphs that pull were replayed, and
   // which graphs pull (graph_pulls_, by graph id; capture_pulls_ while one is captured).

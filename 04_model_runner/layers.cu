@@ -167,8 +167,10 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
   const int heads = num_heads + 2 * num_kv_heads;
   bf16* row = qkv + int64_t(token) * row_stride;
   const int64_t kv_dim = int64_t(num_kv_heads) * HEAD_DIM;
-  // Launched overlapped: the step's inputs (slot, position) and the weights are no kernel's output, so they
-  // and the factors of the norm and rotation are loaded before the wait (cuda_utils.h); qkv after it.
+  // Launched overlapped: the weights and the step's inputs (slot, position) are not written by the kernel
+  // just before this one (uploaded before the step, or in a graph pulled by its first kernel, which has
+  // completed by then: cuda_utils.h), so they and the factors of the norm and rotation are loaded before
+  // the wait; qkv after it.
   const int32_t slot = __ldcg(slot_mapping + token);
   const int64_t position = __ldcg(positions + token);
   const float *cos_row = cos_table + position * HALF, *sin_row = sin_table + position * HALF;
@@ -290,8 +292,10 @@ void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int
 // so 16 blocks an SM at hidden 1,024. A decode step's rows: the kernel sized for the largest row, whose 115
 // registers allow 4 blocks an SM. Measured over `bench --random qwen3-0.6b` on the H200 (04_model_runner/NOTES.md
 // section 13): the prefill's norms 24.2 -> 16.9 ms sized to the row, but the decode's 87.6 -> 103.4 ms, the step at
-// 256 rows 7.99 -> 8.10 ms. Why was not measured; a guess: in a step the norm's blocks become resident while
-// the projection before it still runs (launched overlapped), and with room for 16 an SM they crowd onto few SMs.
+// 256 rows 7.99 -> 8.10 ms. Tested after: the row-sized kernel held to 4 blocks an SM (by shared memory it
+// does not use) ran as the 115-register one, so what costs is blocks an SM, not registers (same section).
+// Why more blocks an SM hurt was not isolated; a guess: in a step the norm's blocks become resident while the
+// projection before it still runs (launched overlapped), and with room for 16 an SM they crowd onto few SMs.
 template <bool RESIDUAL, bool PARTIALS = false>
 void launch_rmsnorm(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
                     cudaStream_t stream, const float* partials = nullptr, int splits = 0) {

@@ -201,6 +201,7 @@ template <int HEAD_DIM>
 __device__ void send_to_owners(const SliceMerge<HEAD_DIM>& merge, const WarpStates<HEAD_DIM>& warps,
                                const float* slots, uint64_t* landed, int partition) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Every owner's mbarrier is initialised and expects its bytes before any store below lands on it.
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   const uint32_t slot = smem_address(slots) + uint32_t(partition * merge.slot_floats() * 4);
   const uint32_t bar = smem_address(landed);
@@ -217,7 +218,8 @@ __device__ void send_to_owners(const SliceMerge<HEAD_DIM>& merge, const WarpStat
       store_to_cluster(to + uint32_t((8 + r) * 4), L, to_bar);
     }
   }
-  // O, four neighbouring outputs a thread, to their owner's slot.
+  // O, four neighbouring outputs a thread, to their owner's slot (slice and HEAD_DIM are multiples of 4, so
+  // the four share one owner and one row, and go as one 16-byte store).
   for (int q = threadIdx.x; q < G * HEAD_DIM / 4; q += blockDim.x) {
     const int idx = 4 * q, r = idx / HEAD_DIM, d = idx % HEAD_DIM, k = idx / merge.slice;
     const float M = warps.row_max(r);
@@ -240,6 +242,8 @@ __device__ void merge_owned_slice(const SliceMerge<HEAD_DIM>& merge, const float
                                   bf16* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (merge.owned == 0) return;
+  // Every non-empty partition's bytes have landed in this block's slots. Cluster scope: other SMs stored
+  // them. Phase 0: the mbarrier is used once.
   mbarrier_wait</*CLUSTER_SCOPE=*/true>(smem_address(landed), 0);
   const int stride = merge.slot_floats();
   for (int j = threadIdx.x; j < merge.owned; j += blockDim.x) {
@@ -289,8 +293,9 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   // tile loop still uses those), and the mbarrier that counts their bytes. It is set before the block
   // arrives at the cluster's barrier, and no block sends before it has waited there, so no byte lands
   // before the mbarrier expects it. All of it before the wait: it depends on the context length alone.
-  float* slots = reinterpret_cast<float*>(smem + kPipelineBytes<HEAD_DIM>);
-  __shared__ __align__(8) uint64_t slots_landed;
+  float* slots = reinterpret_cast<float*>(smem + kPipelineBytes<HEAD_DIM>);  // (splits, 16 + slice) fp32: per
+                                                                             // partition m[8], l[8], O[slice]
+  __shared__ __align__(8) uint64_t slots_landed;  // one mbarrier: counts the bytes of this block's slots
   const SliceMerge<HEAD_DIM> slice_merge(p, seqlen_k, G, partition);
   const bool merge_in_cluster = CLUSTER && p.splits > 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -298,8 +303,12 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     if (threadIdx.x == 0) {
       mbarrier_init(smem_address(&slots_landed));
       mbarrier_arrive_expecting(smem_address(&slots_landed), slice_merge.expected_bytes());
+      // The mbarrier's init and expected bytes visible to the other blocks' remote stores, which wait for
+      // the arrive below.
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+    // Arrive now, wait only just before the first remote store (send_to_owners): the tile loop runs in
+    // between, so the barrier costs nothing unless a block is late.
     asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory");
   }
 #endif
@@ -312,7 +321,9 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
       for (int idx = threadIdx.x; idx < G * HEAD_DIM; idx += blockDim.x) out[idx] = __float2bfloat16(0.0f);
     if (merge_in_cluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // as every thread that arrived
+      // Pairs this thread's arrive above, as send_to_owners does on the other path, so that every block
+      // arrives and waits alike; this block sends nothing.
+      asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #endif
       merge_owned_slice<HEAD_DIM>(slice_merge, slots, &slots_landed, partition, out);
     }

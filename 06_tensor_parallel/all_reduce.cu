@@ -9,16 +9,19 @@
 // all_reduce_kernel, one call, on every rank at once (each rank runs the same grid on its own stream):
 //   1. start barrier   block b of this rank waits until block b of every rank has started, which means
 //                      every rank's x is written (the kernels before the collective on its stream are done)
-//   2. sum             each thread loads the same 16 bytes (8 bf16) of every x[r], adds them in fp32 in
-//                      rank order 0, 1, ..., N-1 and writes the bf16 sum to this rank's temporary, tmp
+//   2. sum             each thread loads the same 16 bytes (8 bf16; one element at a time in the tail, or
+//                      everywhere when some x[r] is not 16-byte aligned) of every x[r], adds them in fp32
+//                      in rank order 0, 1, ..., N-1 and writes the bf16 sum to this rank's temporary, tmp
 //   3. end barrier     block b waits until block b of every rank has finished reading; only then may x be
 //                      overwritten, since a peer may still be reading this rank's x
 //   4. copy back       tmp -> x[rank]
 // Every rank computes the same sum in the same order from the same bits, so every rank holds the same
 // bits afterwards (the CPU reference is all_reduce_cpu in all_reduce_cpu.cpp).
 //
-// Why per block, not per grid: block b of every rank reads and writes exactly the elements i with
-// i / 8 = b * kThreads + thread + k * (blocks * kThreads) (the same grid-stride loop on every rank), so
+// Why per block, not per grid: block b of every rank reads and writes exactly the same elements: vectors
+// v = b * kThreads + thread + k * (blocks * kThreads), elements [8 v, 8 v + 8), and in the one-at-a-time
+// loop elements 8 n_vec + (the same index), n_vec the same on every rank (each checks every x[r]'s
+// alignment): the same grid-stride loops on every rank, so
 // "block b of every rank has finished reading" is all that block b's copy back needs. Blocks never wait
 // for blocks of their own grid, only for blocks with the same index in other grids.
 //
@@ -46,8 +49,9 @@
 // Versions: v1, stream-ordered (all_reduce_events.cu): the barriers are CUDA events and a host barrier,
 // two host round trips per call, eager only, but nothing spins, so compute-sanitizer can run it. v2, this
 // one-shot kernel (each rank reads N x n elements). Larger messages would prefer a two-shot
-// reduce-scatter + all-gather (each rank reads 2n); decode's all-reduces are 2 KB to 512 KB, where
-// one-shot's single round of flags wins.
+// reduce-scatter + all-gather (each rank reads 2n); Qwen3-0.6B's decode all-reduces are 2 KB (one row of
+// 1,024 bf16) to 1 MB (512 rows), latency-bound (at 256 rows, 512 KB, a call took 14.9 µs: README), where
+// a two-shot's second round of flags would add latency. Two-shot was not measured.
 #include <algorithm>
 #include <cstdio>
 #include <type_traits>

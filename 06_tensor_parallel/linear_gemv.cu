@@ -27,7 +27,8 @@ namespace nanovllm {
 
 namespace {
 
-constexpr int kWarps = 4;           // warps per block (128 threads); splits x pairs of rows, at most 4
+constexpr int kWarps = 4;           // warps per block at most (128 threads): splits x pairs of rows
+                                    // (down_proj's 3 splits: 3 warps, 96 threads)
 constexpr int kMaxSplits = 4;       // in_features split over at most 4 warps: 4,096 in one round
 constexpr int kRowsPerWarp = 2;     // weight rows per warp: each x chunk loaded serves both
 constexpr int kChunksInFlight = 4;  // 16-byte weight loads per lane and row issued before any is used:
@@ -35,8 +36,8 @@ constexpr int kChunksInFlight = 4;  // 16-byte weight loads per lane and row iss
 
 // y (n, out) OutT = x (n, in) bf16 @ W (out, in)^T bf16, n <= MAX_N; in % 8 == 0, x and W 16-byte aligned.
 // A block is `splits` x P warps (splits x P <= kWarps; launch_gemv picks them): warp w takes split
-// s = w / P of the in_features (chunks [s per, (s + 1) per), per = ceil(chunks / splits)) of the P-th pair
-// p = w % P, and pair b * P + p of block b computes output features o0 = (b * P + p) * kRowsPerWarp and
+// s = w / P of the in_features (chunks [s per, (s + 1) per), per = ceil(chunks / splits)) of pair
+// p = w % P of the block, and pair b * P + p of block b computes output features o0 = (b * P + p) * kRowsPerWarp and
 // o0 + 1 for every row m < n (out = 4096, one split: 2048 warps, 512 blocks). With one split the warp's
 // lanes add up their parts and lane 0 writes; with several, each warp's lane 0 puts its sums in shared
 // memory and split 0's lane 0 adds them in split order and writes.

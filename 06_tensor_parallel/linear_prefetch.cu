@@ -21,7 +21,7 @@
 // so that a layer at batch 1 is qkv (RmsNorm), attention, o_proj (add), gate_up (RmsNorm), down_proj
 // (SiluAndMul, add): no small kernel between two projections (Qwen3Model::forward_hidden).
 //
-// Inside a block (8 warps, `rows_per_warp` weight rows each, consecutive: the warp's rows are one
+// Inside a block (up to 8 warps, plan.warps, `rows_per_warp` weight rows each, consecutive: the warp's rows are one
 // contiguous range of W, one copy):
 //   lane 0 of warp w   initialises landed[w], announces the bytes, issues the bulk copy of its rows
 //   every thread       waits for the previous kernel, then writes the n input rows into x_s
@@ -48,8 +48,8 @@
 namespace nanovllm {
 namespace {
 
-constexpr int kMaxWarps = 8;         // warps per block
-constexpr int kMaxRowsPerWarp = 8;   // weight rows per warp (its accumulators: kMaxRowsPerWarp x n)
+constexpr int kMaxWarps = 8;         // warps per block at most (plan.warps)
+constexpr int kMaxRowsPerWarp = 8;   // weight rows per warp at most (its accumulators: n x kMaxRowsPerWarp)
 constexpr int kSmemBudget = 114688;  // 112 KB: two blocks of consecutive projections share an SM (227 KB)
 constexpr int kSmemMax = 231424;     // 226 KB: a block alone on its SM (with 1 KB left for the static arrays)
 
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   allow_next_kernel();
   load_input<INPUT>(x_s, x, norm_weight, eps, n, in);
   if (rows == 0) return;  // a warp past the last row (after the block's barriers)
-  mbarrier_wait(barrier, 0);
+  mbarrier_wait(barrier, 0);  // this warp's rows have landed (phase 0: the barrier is used once)
 
   float acc[MAX_N][kMaxRowsPerWarp];
 #pragma unroll
@@ -264,7 +264,8 @@ bool prefetch_inputs_fit(const bf16* x, const bf16* W, int n, int in_features) {
 }  // namespace
 
 bool linear_prefetch_fits(const bf16* x, const bf16* W, int n, int in_features, int out_features) {
-  // Whether a plan fits depends on in_features only (one warp, one row), not on the SM count.
+  // Whether a plan fits depends on n and in_features only (one warp of one row, and x_s (n, in)), not on
+  // the SM count or out_features.
   return prefetch_inputs_fit(x, W, n, in_features) && linear_prefetch_plan(n, in_features, out_features, 1).blocks > 0;
 }
 

@@ -11,14 +11,18 @@
 // 31 MB of weights take 7.5 µs at the copy bandwidth (04_model_runner/NOTES.md, section 6). v4 (64 x 64
 // tiles, mma.sync) lost to it because small tiles reread x and W from L2 once per neighbouring tile: at
 // n = 256 its qkv call pulled ~56 MB from L2 for 8 MB of weights. So here a block's tile is as tall as the
-// batch: up to 256 rows of x (4 warpgroups of 64) against 64 or 128 rows of W. Every weight is read from
-// memory once; x, the small operand, is what the output tiles share (reread from L2 once per tile).
+// batch up to 128 rows (2 warpgroups of 64; the kernel takes up to 4, which only a plan of one's own asks
+// for) against 64 or 128 rows of W: every weight is read from memory once; x, the small operand, is what
+// the output tiles share (reread from L2 once per tile). Above 128 rows linear_wgmma_plan takes row tiles
+// of one warpgroup, two small blocks an SM, and W is reread from L2 once per row tile.
 //
 // Few, tall tiles are too few blocks (o_proj has 1,024 outputs: 16 tiles of 64), so the in_features are
 // split too: the `splits` blocks of one output tile are one thread-block cluster, each adds up a range of
 // in_features, leaves its fp32 tile in its own shared memory, and the cluster adds the tiles through
 // distributed shared memory (each block a share of the rows, in split order: the same bits whatever
-// block finishes first). No partials in memory, no second kernel.
+// block finishes first). No partials in memory, no second kernel. (Except PARTIALS below, linear version
+// 8, the default for o_proj and down_proj at 17-192 rows: each split writes its fp32 tile to memory and
+// the norm after the projection adds them.)
 //
 // Inside a block. Stages of 64 in_features (one 128-byte row per operand row), up to 4, all requested at
 // the start: thread 0 asks the copy engine for each stage's two boxes (W's rows, x's rows), which it writes
@@ -175,9 +179,11 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
   const int k_tiles = min((in + kStageIn - 1) / kStageIn, t_begin + k_tiles_per_split) - t_begin;  // >= 1
   auto w_stage = [&](int s) { return base + uint32_t(s * B::kStageBytes); };
   auto x_stage = [&](int s) { return base + uint32_t(s * B::kStageBytes + B::kWBytes); };
-  __shared__ uint64_t landed[kStages];  // landed[s]: stage s's two boxes are in shared memory
+  __shared__ uint64_t landed[kStages];  // landed[s]: all of stage s (W's box, or SILU's gate and up boxes,
+                                        // and x's box) is in shared memory; one phase per fill
   auto barrier = [&](int t) { return smem_address(&landed[t % kStages]); };
-  // Thread 0 issues the copies: both boxes of stage t, W's before x's.
+  // Thread 0 issues the copies. load_w announces the whole stage's bytes (W's and x's) on its barrier and
+  // copies W; load_x, issued after the wait, completes the same phase.
   auto load_w = [&](int t) {
     mbarrier_arrive_expecting(barrier(t), B::kStageBytes);
     if (SILU) {  // boxes of BN / 2 rows: the gate rows, then the up rows (8-row swizzle groups: no seam)
@@ -215,7 +221,7 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
   }
 
   const int warpgroup = int(threadIdx.x) / 128;
-  float acc[BN / 2];
+  float acc[BN / 2];  // this thread's BN / 2 of its warpgroup's (64, BN) fp32 tile: acc[i] at (row_of(i), col_of(i))
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
   for (int t = 0; t < k_tiles; t++) {
@@ -244,7 +250,7 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
   float* const tile = reinterpret_cast<float*>(smem_raw + (base - raw));  // (kRows, kSumStride), over the stages
   // The tile to shared memory, once every warpgroup is done with the stages (its wgmma waited for above).
   const auto tile_to_shared_memory = [&] {
-    __syncthreads();
+    __syncthreads();  // every warpgroup's products are done reading the stages the tile overwrites
 #pragma unroll
     for (int i = 0; i < BN / 2; i += 2)
       *reinterpret_cast<float2*>(tile + row_of(i) * B::kSumStride + col_of(i)) = make_float2(acc[i], acc[i + 1]);
@@ -386,7 +392,9 @@ void allow_shared_memory() {
 
 // How many clusters of plan.splits blocks of the plan's kernel the GPU runs at once, asked of the CUDA
 // occupancy calculator once per (block shape, cluster size): it depends on shared memory, registers
-// and how the SMs group into GPCs, which a cluster may not straddle.
+// and how the SMs group into GPCs, which a cluster may not straddle. Asked of the plain bf16 kernel and
+// taken for its fp32, SILU and partials forms too (the same shared memory; their registers are assumed not
+// to lower the count).
 int clusters_per_wave(const LinearWgmmaPlan& plan) {
   static std::mutex mutex;
   static std::map<std::tuple<int, int, int>, int> known;  // (block_out, warpgroups, splits) -> clusters
@@ -517,8 +525,9 @@ LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features, int 
   const int row_tiles = (n + 64 * plan.warpgroups - 1) / (64 * plan.warpgroups);
   const int tiles = (out_features + plan.block_out - 1) / plan.block_out * row_tiles;
   const int k_tiles = (in_features + kStageIn - 1) / kStageIn;
-  // The fewest splits that give the target blocks, each at least two stages deep, and never so many that
-  // the clusters no longer fit in one wave: a block is short, and a second wave costs about as long as the
+  // The fewest splits that give the target blocks, each on average at least two stages deep (the last may
+  // hold fewer: 16 stages over 7 splits -> 6 splits of 3, 3, 3, 3, 3, 1), and never so many that the
+  // clusters no longer fit in one wave: a block is short, and a second wave costs about as long as the
   // first.
   max_splits = std::max(1, std::min(max_splits, k_tiles / 2));
   int splits = 1;

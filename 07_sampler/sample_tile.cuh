@@ -58,8 +58,9 @@ __device__ inline bool below_bar(float g, uint32_t k) {
   return uniform_of_bits(k) < __expf(-__expf(-g)) - kUniformMargin;  // G(u) < g, with room for the fast exponentials
 }
 
-// (score, index) as one 64-bit key whose unsigned order is better()'s: the score's bits made monotonic
-// (negative floats reversed, then above the positive ones), then the complement of the index (the lower
+// (score, index) as one 64-bit key whose unsigned order is better()'s: the score's bits made monotonic (a
+// negative float's bits all flipped, so a larger magnitude sorts lower; a positive float's sign bit set, so
+// it sorts above every negative one), then the complement of the index (the lower
 // index wins a tie). -0 is made +0 first, since better() finds them equal. 0 is below every key: "no
 // candidate yet".
 __device__ inline unsigned long long pack_candidate(float score, int index) {

@@ -26,7 +26,8 @@ __device__ void warp_best(float& best, int& best_index) {
 }
 
 // Grid (chunks, num_rows), 1024 threads; with chunks > 1 the chunks of a row are one thread-block cluster.
-// Block (chunk, row) finds the best candidate of its chunk of the row (vocab_size / chunks entries); the
+// Block (chunk, row) finds the best candidate of its chunk of the row (ceil(vocab_size / chunks) rounded up
+// to a multiple of 4 entries, the last chunk the rest); the
 // cluster's block 0 then reads every block's candidate from its shared memory (distributed shared memory,
 // sm_90) and writes the row's token. One block per row would leave most of the GPU idle at small batches:
 // at batch 1 a single SM would hash and log 151,936 entries.
@@ -153,7 +154,7 @@ int chunks_per_row(int num_rows) {
 // One thread a row: the token of its key (sample_tile), -1 for a row flagged broken or with no candidate;
 // then the key and the flag back to zero for the next GEMM.
 __global__ void tokens_from_keys_kernel(int32_t* tokens, unsigned long long* best_keys, int* broken, int num_rows) {
-  wait_for_previous_kernel();
+  wait_for_previous_kernel();  // launched overlapped: the keys and flags are the GEMM's output
   allow_next_kernel();
   const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (r >= num_rows) return;

@@ -11,7 +11,8 @@
 //   1   the largest key (NaN or an infinite maximum: token -1) and, for top-k, the histogram of digit 3
 //   2-4 top-k: histograms of counts for digits 2, 1, 0 -> top-k's threshold and ties
 //   5-8 top-p: histograms of counts and masses (Q = exp((x - max) / T) in 64-bit fixed point) over the
-//       top-k set, for digits 3, 2, 1, 0; the first pass's total mass Z gives the target ceil(top_p * Z)
+//       top-k set, for digits 3, 2, 1, 0; pass 5's total mass Z (the top-k set's masses, summed over
+//       digit 3's bins) gives the target ceil(top_p * Z)
 //   9   only when the kept ties are fewer than the logits equal to the threshold: count them per warp,
 //       so that each can be given its rank in index order
 //   10  Gumbel-max over the kept logits: the same score logits[i] / T + gumbel_noise(seed, step, i) as
@@ -55,7 +56,7 @@
 // does not define them.
 //
 // Cost: up to 10 reads of the row (600 KB for Qwen3's 151,936 tokens) and a double-precision exp per
-// logit in pass 5, fast on an H100/H200 (FP64 at half the FP32 rate), about 30x slower on consumer GPUs
+// counted logit in each of passes 5-8 (the whole top-k set in pass 5, those matching the prefix after), fast on an H100/H200 (FP64 at half the FP32 rate), about 30x slower on consumer GPUs
 // (1/64 rate). Not yet measured. nvcc -Xptxas -v, sm_90: 56 registers (the limit at 1024 threads is 64),
 // no spills, 3,616 bytes of shared memory.
 //
@@ -289,6 +290,8 @@ sample_top_k_top_p_kernel(int32_t* tokens, const float* logits, int vocab_size, 
   // Pass 9, only when some logits equal to the threshold are left out: ties in the warps before this one.
   uint32_t tie_limit = UINT_MAX;  // every tie kept
   uint32_t ties_before = 0;       // ties at lower ids than the current step of this warp's chunk
+  // Block-uniform: kept and equal come from shared memory after a barrier, the same in every thread, so
+  // the barrier inside is reached by all threads or none.
   if (kept.ties < equal) {
     uint32_t mine = 0;  // the same on every lane: a sum of ballots
     for (int base = r.begin; base < r.end; base += 32) {

@@ -152,7 +152,8 @@ inline int start_successors_early(cudaGraph_t graph) {
 // kernel before it). A kernel launched the ordinary way starts only once every kernel before it has
 // completed, and the kernel after it starts once all its blocks have begun (in a graph,
 // start_successors_early) or have exited: then too kernel i - 1 has completed. So the weights,
-// the step's inputs (uploaded before the step's first kernel) and the KV cache of earlier steps may be
+// the step's inputs (uploaded before the step's first kernel, or in a graph pulled by that kernel, which
+// has completed before any kernel after the next one starts) and the KV cache of earlier steps may be
 // loaded before the wait, while the previous kernel finishes (what changes from step to step through L2:
 // ld.global.cg, cp.async.cg; an SM's L1 is not kept coherent with other SMs' writes). Writes still wait:
 // the previous kernel may read what they overwrite.
