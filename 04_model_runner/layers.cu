@@ -18,6 +18,9 @@ constexpr int kMaxChunksPerThread = 8;  // hidden <= 8 * 8 * 128 = 8192
 // rmsnorm_kernel and qk_norm_rope_store_kernel launch differently for the two (see each launcher).
 constexpr int kPrefillRows = 1024;
 
+// out (n, hidden) bf16 = the rows of table (vocab_size, hidden) bf16 picked by ids (n,) i32, one block a
+// row; an id outside [vocab_start, vocab_start + vocab_size) gives a zero row (another rank's: the
+// all-reduce adds it). hidden % 8 == 0.
 __global__ void embedding_kernel(bf16* out, const bf16* table, const int32_t* ids, int hidden, int vocab_start,
                                  int vocab_size) {
   wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
@@ -58,7 +61,8 @@ __device__ inline void partial_sum_x8(const float* partials, int splits, int64_t
   for (int k = 0; k < 8; k++) v[k] = __bfloat162float(__float2bfloat16(v[k]));
 }
 
-// out = x / rms(x) * w for one row per block; with RESIDUAL, x += residual first and the (rounded) sum is
+// out (n, hidden) bf16 = x / rms(x) * w, x (n, hidden) bf16, weight (hidden,) bf16, one row per block of
+// kRowThreads (hidden % 8 == 0, at most 8 CHUNKS kRowThreads); with RESIDUAL (residual (n, hidden) bf16), x += residual first and the (rounded) sum is
 // written back to residual. CHUNKS: 16-byte chunks a thread holds, at least hidden / (8 * kRowThreads) (1 for
 // hidden 1,024). A compile-time count, so that the registers are those of the row at hand: sized for the
 // largest row (8 chunks) the kernel took 115 registers, 4 blocks an SM, and a prefill's 16,000-row calls
@@ -207,6 +211,8 @@ __global__ void qk_norm_rope_store_kernel(bf16* qkv, int64_t row_stride, const b
   }
 }
 
+// out (n, inter) bf16 = silu(gate) * up, gate_up (n, 2 inter) bf16 = [gate | up] a row; one thread per 8
+// outputs (inter % 8 == 0; Qwen3-0.6B's 3,072: 384 threads a row).
 __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int inter) {
   wait_for_previous_kernel();  // launched overlapped: nothing the previous kernel writes is read before this
   allow_next_kernel();
@@ -222,7 +228,8 @@ __global__ void silu_and_mul_kernel(bf16* out, const bf16* gate_up, int n, int i
   store_bf16x8(out + row * inter + 8 * c, g);
 }
 
-// take_sampled_tokens_cpu's loop, a thread a row. In a decode step's graph it runs after the pull of the
+// ids (m,) i32; tokens (the step before's rows,) i32; rows (m,) i32, -1: ids[i] kept. take_sampled_tokens_cpu's
+// loop, a thread a row. In a decode step's graph it runs after the pull of the
 // step's inputs (pull_ranges_kernel, the graph's first kernel), so after the step before has ended (stream
 // order); the embedding after it waits for it (launched overlapped).
 __global__ void take_sampled_tokens_kernel(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m) {
@@ -230,9 +237,11 @@ __global__ void take_sampled_tokens_kernel(int32_t* ids, const int32_t* tokens, 
   if (i < m && rows[i] >= 0) ids[i] = tokens[rows[i]];
 }
 
-// One block: every thread loads up to kPullWords words of the ranges (all its loads issued before its
-// first store: each is a PCIe round trip of ~1-2 µs, and a block of 1,024 threads then reads 32 KB in
-// about one), then stores them; until the ranges are done.
+// dst (device) and host (pinned) are byte images of one layout, copied at the ranges' offsets; counter (1,)
+// i64 device, host_flag (1,) i64 pinned: the pulls so far. One block: every thread loads up to kPullWords
+// words of the ranges (all its loads issued before its first store: each is a PCIe round trip, a
+// microsecond or two, and a block of 1,024 threads then reads 32 KB in about one), then stores them; until
+// the ranges are done.
 constexpr int kPullThreads = 1024, kPullWords = 8;
 __global__ void __launch_bounds__(kPullThreads) pull_ranges_kernel(uint32_t* dst, const uint32_t* host,
                                                                    PullRanges ranges, int64_t* counter,
@@ -266,11 +275,15 @@ __global__ void __launch_bounds__(kPullThreads) pull_ranges_kernel(uint32_t* dst
   }
 }
 
+// host[*slot * stride + i] = src[i] for i < n: src (n,) i32 device, slot (1,) i32 device (0 or 1), host
+// pinned, (2, stride) i32. One block, launched the ordinary way: after every kernel before it has completed.
 __global__ void push_tokens_kernel(int32_t* host, int64_t stride, const int32_t* src, const int32_t* slot, int n) {
   int32_t* row = host + int64_t(*slot) * stride;
   for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = src[i];
 }
 
+// out (m, cols) bf16 = x[rows[b]] for b < m: x (?, cols) bf16, rows (m,) i32; one block an output row, 16-byte
+// copies (cols % 8 == 0).
 __global__ void gather_rows_kernel(bf16* out, const bf16* x, const int32_t* rows, int cols) {
   const bf16* src = x + int64_t(rows[blockIdx.x]) * cols;
   bf16* dst = out + int64_t(blockIdx.x) * cols;

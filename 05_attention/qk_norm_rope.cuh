@@ -35,6 +35,8 @@ struct NormRopeFactors {
   float w1[HEAD_DIM / 64], w2[HEAD_DIM / 64], cos[HEAD_DIM / 64], sin[HEAD_DIM / 64];
 };
 
+// w (HEAD_DIM,) bf16, cos_row and sin_row (HEAD_DIM / 2,) fp32, the tables' rows at the token's position ->
+// this lane's factors (its PER_LANE j of each half).
 template <int HEAD_DIM>
 __device__ inline NormRopeFactors<HEAD_DIM> load_norm_rope_factors(const bf16* w, const float* cos_row,
                                                                    const float* sin_row, int lane) {
@@ -54,7 +56,8 @@ __device__ inline NormRopeFactors<HEAD_DIM> load_norm_rope_factors(const bf16* w
 // RMSNorm over the head (a warp-wide sum of squares), times the weight w (head_dim), then rotate-half
 // RoPE ("neox": x[j] pairs with x[j + HEAD_DIM/2]) by angle[position, j]. The result stays fp32: it is
 // rounded to bf16 once, when stored (no rounding between the norm and the rotation; nano-vllm rounds
-// there, a difference of one bf16 ulp at most).
+// there, a difference of one bf16 ulp at most). All 32 lanes of the warp call it (warp_sum, full mask).
+// Qwen3's RMSNorm multiplies by w itself (Gemma's by 1 + w); eps is the config's rms_norm_eps (1e-6).
 template <int HEAD_DIM>
 __device__ inline void norm_rope_head(float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64],
                                       const NormRopeFactors<HEAD_DIM>& f, float eps) {
@@ -93,6 +96,7 @@ __device__ inline void copy_head(bf16* dst, const bf16* src, int lane) {
   for (int e = 0; e < HEAD_DIM / 32; e++) dst[lane + 32 * e] = v[e];
 }
 
+// x (HEAD_DIM,) bf16 <- this lane's x1, x2 in load_head's layout, each rounded to bf16 once.
 template <int HEAD_DIM>
 __device__ inline void store_head(bf16* x, const float (&x1)[HEAD_DIM / 64], const float (&x2)[HEAD_DIM / 64],
                                   int lane) {

@@ -531,6 +531,8 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   }
 }
 
+// Grid (max_partitions, num_kv_heads, num_seqs) of kWarpsV9 warps, kSmemBytes<HEAD_DIM, CLUSTER> of dynamic
+// shared memory; CLUSTER: clusters of (max_partitions, 1, 1), one a (sequence, KV head).
 template <int HEAD_DIM, bool CLUSTER>
 void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));

@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// y (n, out) OutT (SILU: (n, out / 2) bf16) = x (n, in) bf16 @ W (out, in)^T bf16; n <= 16, in % 8 == 0.
 // One instance per power of two up to 16 rows (the CUDA graph batch sizes 1, 2, 4, 8, 16): n = 3 runs
 // the 4-row kernel with its last row skipped. Splits: as many rounds as a row has, at most kMaxSplits
 // (so every split starts inside the row: (splits - 1) * ceil(chunks / splits) < chunks when chunks > 128).

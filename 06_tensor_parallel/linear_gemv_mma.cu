@@ -40,7 +40,8 @@ constexpr int kUnroll = 4;         // 32-wide k blocks a warp loads at once: 2 x
 constexpr int kMaxWarps = 24;      // a block's warps: one round of 3,072 in_features (longer rows loop)
 
 // Block b: outputs o0 = 16 b .. o0 + 15 (SILU: 8 features, below), all in_features, blockDim.x / 32 warps.
-// X_TILES = 1 for n <= 8 rows of x, 2 for n <= 16. y (n, out) OutT.
+// X_TILES = 1 for n <= 8 rows of x, 2 for n <= 16. y (n, out) OutT; x (n, in) bf16, W (out, in) bf16, in % 8
+// == 0, both 16-byte aligned; blockDim.x = 32 linear_gemv_mma_warps(in).
 // SILU (the MLP's gate_up with its activation in the ending): block b takes features j0 = 8 b .. j0 + 7 of
 // out / 2, and the mma's rows g and g + 8 are gate row j0 + g and up row out / 2 + j0 + g, so lane (g, t4)
 // ends with one feature's gate (c0, c1) and up (c2, c3) of the same x rows. It writes y (n, out / 2) bf16 =
@@ -132,6 +133,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   }
 }
 
+// y (n, out) OutT (SILU: (n, out / 2) bf16) = x (n, in) @ W (out, in)^T: a block per 16 outputs (SILU: 8
+// features, 16 weight rows), X_TILES = ceil(n / 8).
 template <int X_TILES, class OutT, bool SILU = false>
 void launch(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, cudaStream_t stream) {
   const int features = SILU ? out / 2 : out, per_block = SILU ? 8 : 16;  // SILU: 8 features = 16 weight rows

@@ -51,6 +51,8 @@ __device__ inline void copy_tile(uint32_t tile, const bf16* M, int rows, int in,
   }
 }
 
+// x (n, in) bf16, W (out, in) bf16, in % 8 == 0, both 16-byte aligned; k_per_split a multiple of 64 (the
+// last splits may start past in: they add nothing); 128 threads, 48 KB of dynamic shared memory.
 // Block (row tile, output tile, split): y[rows, outs] over in_features [split * k_per_split, ...).
 // splits == 1: writes y (OutT). splits > 1: writes its fp32 partial to partial[split] (n, out), added up
 // by linear_split_k_reduce_kernel.

@@ -143,7 +143,10 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 
 #endif  // the host pass or sm_90a
 
-// Grid (splits, out tiles of BN, row tiles of 64 WG), clusters of (splits, 1, 1). Block (split, o, r):
+// y (n, out) OutT = x (n, in) bf16 @ W (out, in)^T bf16, read through x_map (boxes of (64 WG, 64)) and w_map
+// (boxes of (BN, 64); SILU (BN / 2, 64)); in % 8 == 0, no split empty, Block's kSmemBytes of dynamic shared
+// memory. Grid (splits, out tiles of BN, row tiles of 64 WG), clusters of (splits, 1, 1) (SAMPLE and PARTIALS:
+// no clusters). Block (split, o, r):
 // rows [r 64 WG, ...) x outputs [o BN, ...) of y over in_features [split * k_tiles_per_split * 64, ...).
 // The stages are refilled after their wgmma, not before: every stage is in flight from the start.
 //
@@ -424,7 +427,7 @@ int gpu_multiprocessors() {
 }
 
 // The tensor map of a (rows, in) bf16 matrix at M for boxes of (box_rows, 64), 128-byte swizzled, zeros
-// past the edges. Encoding one is a driver call (cuTensorMapEncodeTiled, reached through the runtime: no
+// past the edges (in % 8 == 0 and M 16-byte aligned: the copy engine's row stride and base; box_rows <= 256). Encoding one is a driver call (cuTensorMapEncodeTiled, reached through the runtime: no
 // link to the driver library); the maps are kept, by matrix and box, so that an eager decode step does not
 // encode its 224 again (a CUDA graph holds the map it was captured with).
 CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
@@ -436,7 +439,7 @@ CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   static std::mutex mutex;
-  static std::map<std::tuple<const bf16*, int, int, int>, CUtensorMap> known;
+  static std::map<std::tuple<const bf16*, int, int, int>, CUtensorMap> known;  // (M, rows, in, box_rows) -> map
   const std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_tuple(M, rows, in, box_rows);
   auto it = known.find(key);
@@ -455,8 +458,9 @@ CUtensorMap tensor_map(const bf16* M, int rows, int in, int box_rows) {
   return known[key] = map;
 }
 
-// out: W's rows (SILU: 2 x y's columns, the gate rows then the up rows). PARTIALS: y (plan.splits, n, out),
-// and the blocks are not launched as clusters.
+// y (n, out) OutT (SILU: (n, out / 2) bf16; PARTIALS: (plan.splits, n, out) fp32) = x (n, in) bf16 @ W (out,
+// in)^T bf16 with the given plan. out: W's rows (SILU: 2 x y's columns, the gate rows then the up rows).
+// PARTIALS: the blocks are not launched as clusters.
 template <class OutT, bool SILU, bool PARTIALS = false>
 void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, const LinearWgmmaPlan& plan,
                   cudaStream_t stream) {
