@@ -91,7 +91,8 @@ __device__ inline void load_kv(const AttentionParams& p, PageOf page_of, int bas
 
 // The online-softmax step of every row over keys base .. base + kKeysPerGroup - 1 (this lane's 8 dims
 // of each key's K and V, raw bf16). Keys are converted one at a time, so only 8 floats of K or V are live
-// at once. Keys at or past key_end, or past a row's limit, are masked (weight 0).
+// at once. Keys at or past key_end, or past a row's limit, are masked (weight 0). All 32 lanes of the warp
+// call it together (full-mask shuffles).
 template <int KG, int ROWS>
 __device__ inline void attend_keys(RowStates<ROWS>& st, const float (&q)[ROWS][8], const int (&limit)[ROWS], int base,
                                    int key_end, const uint4 (&k_raw)[kKeysPerGroup],
@@ -142,7 +143,8 @@ __device__ inline void attend_keys(RowStates<ROWS>& st, const float (&q)[ROWS][8
 
 // Merges the key groups of each warp (lanes with the same c hold the same dims), then the kWarps warps
 // through shared memory. Returns true in the lanes that hold the block's merged state: warp 0, lanes
-// c = 0 .. KG - 1, each with its 8 dims. Every thread of the block must call it.
+// c = 0 .. KG - 1, each with its 8 dims. Every thread of the block must call it, at most once a block: no
+// barrier follows warp 0's reads of sm_*, so a second call could let warps 1-3 overwrite them meanwhile.
 template <int HEAD_DIM, int ROWS>
 __device__ inline bool reduce_block(RowStates<ROWS>& st) {
   constexpr int KG = LaneLayout<HEAD_DIM>::KG;
@@ -202,7 +204,8 @@ __device__ inline void store_rows(const AttentionParams& p, const SeqRange& seq,
 }
 
 // Split-K decode: writes the tile's G rows (one query's heads) as partition `partition`'s unnormalised
-// partial results, which decode_combine_kernel (v2_split_k.cu) merges.
+// partial results, which decode_combine_kernel (v2_split_k.cu) merges. Called by the lanes reduce_block
+// returned true in (lane c holds dims 8 c .. 8 c + 7; c == 0 also writes m and l); ROWS >= G.
 template <int HEAD_DIM, int ROWS>
 __device__ inline void store_partials(const AttentionParams& p, int seq, const RowStates<ROWS>& st, int kv_head,
                                       int partition, int c) {

@@ -63,8 +63,12 @@ namespace nanovllm {
 namespace {
 
 constexpr int kTileKeys = 16;  // keys per tile: the mma's K for P V, two n-tiles for Q K^T
-constexpr int kWarpsV9 = 4;    // warps per block; warp w takes tiles w, w + 4, w + 8, ... of the partition
-constexpr int kStages = 3;     // tiles of each warp in shared memory at once (2 in flight while 1 computes)
+// warps per block; warp w takes tiles w, w + 4, w + 8, ... of the partition. 8 were no faster at 16 rows and
+// 3% slower at 64 (NOTES.md, "A deeper pipeline for one-wave grids", "Eight warps a block").
+constexpr int kWarpsV9 = 4;
+// tiles of each warp in shared memory at once (2 in flight while 1 computes). 6 were no faster at 16 rows,
+// slower at 8 and 32 (NOTES.md, "A deeper pipeline for one-wave grids").
+constexpr int kStages = 3;
 
 // Shared-memory byte offset of 16-byte chunk `chunk` of row `row` in a (kTileKeys, HEAD_DIM) bf16 tile: the
 // chunk index XOR row % 8, so that the 8 rows of one ldmatrix matrix (same chunk, rows r..r+7) fall in 8

@@ -30,8 +30,8 @@ namespace {
 constexpr int kTileRows = 64;  // rows of x (and of y) per block
 constexpr int kTileOut = 64;   // output features (rows of W) per block
 constexpr int kTileIn = 64;    // in_features per pipeline stage
-constexpr int kStagesGemm = 3;
-constexpr int kThreadsGemm = 128;
+constexpr int kStagesGemm = 3;      // 3 x (8 KB of x + 8 KB of W) = 48 KB: the most without the opt-in
+constexpr int kThreadsGemm = 128;   // 4 warps, 2 x 2 of 32 x 32 outputs
 constexpr int kTileBytes = kTileRows * kTileIn * 2;  // one 64 x 64 bf16 tile: 8 KB
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 64 x 64 bf16 tile (128-byte rows), XOR
