@@ -3,6 +3,7 @@
 #include "04_model_runner/qwen3.h"
 
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include "01_sequence/base/bf16.h"
@@ -73,6 +74,15 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
     return std::vector<float>(w_kv.begin() + kv_first * H, w_kv.begin() + (kv_first + kv_part) * H);
   };
 
+  // Every layer config.json counts must be in the checkpoint, asked by name before anything sized by that
+  // count is built: a num_hidden_layers of 16 million would otherwise build a layout of 180 million names
+  // (tens of GB) before the first missing tensor is noticed.
+  for (int l = 0; l < c.num_hidden_layers; l++) {
+    const std::string name = "model.layers." + std::to_string(l) + ".input_layernorm.weight";
+    if (!checkpoint.find(name))
+      fail(checkpoint.dir(), ": the checkpoint has no tensor '", name, "', and config.json says num_hidden_layers ",
+           c.num_hidden_layers);
+  }
   // Every tensor must be one config.json describes: more layers in the checkpoint than in the config,
   // or a misnamed weight, would otherwise be left out without a word. Harmless extras: rotary inverse
   // frequencies (we compute them from rope_theta) and a tied checkpoint's copy of the embedding.
@@ -116,7 +126,14 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
   w.norm = loader.upload(loader.read("model.norm.weight", {H}), {H});
   if (c.tie_word_embeddings) {
     // nano-vllm points lm_head at the embedding's storage; a tied checkpoint's own lm_head.weight, if
-    // any, holds the same values and is not read.
+    // any, must hold the same values, and is then not read. Different values leave no way to tell which
+    // head is meant (transformers would drop this one; nano-vllm's loader would copy it over the embedding).
+    const TensorView* head = checkpoint.find("lm_head.weight");
+    const TensorView* embedding = checkpoint.find("model.embed_tokens.weight");
+    if (head && !(head->dtype == embedding->dtype && head->shape == embedding->shape &&
+                  std::memcmp(head->data, embedding->data, head->nbytes) == 0))
+      fail(checkpoint.dir(), ": config.json says tie_word_embeddings, but lm_head.weight differs from "
+           "model.embed_tokens.weight");
     w.lm_head = w.embed_tokens;
   } else {
     std::vector<float> head = loader.read("lm_head.weight", {V, H});

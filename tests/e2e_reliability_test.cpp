@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -443,4 +444,140 @@ TEST(E2E_Reliability, InvalidUtf8PromptNamesThePromptAndTheOffsetAsGiven) {
     EXPECT_EQ(r.exit_code, 1) << chat;
     EXPECT_EQ(r.err, "error: prompt 1: invalid UTF-8 at byte offset 2 (byte 0xff)\n") << chat;
   }
+}
+
+// The faults below were found by feeding the command line hostile input (2026-12-04): each broke the contract
+// of one `error:` line and a non-zero exit.
+
+TEST(E2E_Reliability, AHugeLayerCountIsRefusedAtTheFirstMissingLayer) {
+  // num_hidden_layers 16,777,216 built a layout of every expected tensor name first: killed for memory at
+  // ~24 GB, after two minutes, with nothing on stderr.
+  ScratchDir dir;
+  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
+  Json config = Json::parse(read_file(dir.path + "/config.json"), "config.json");
+  config.set("num_hidden_layers", 16777216);
+  write_file(dir.path + "/config.json", config.dump());
+  auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + ": the checkpoint has no tensor 'model.layers.2.input_layernorm.weight', "
+                   "and config.json says num_hidden_layers 16777216\n");
+}
+
+TEST(E2E_Reliability, OnlyRegularFilesAreRead) {
+  // A FIFO named config.json blocked the open forever; /dev/zero was read until memory ran out.
+  ScratchDir dir;
+  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
+  std::remove((dir.path + "/config.json").c_str());
+  ASSERT_EQ(mkfifo((dir.path + "/config.json").c_str(), 0600), 0);
+  auto fifo = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1");
+  EXPECT_EQ(fifo.exit_code, 1);
+  EXPECT_EQ(fifo.err, "error: " + dir.path + "/config.json: cannot read: not a regular file\n");
+  auto device = run_nanovllm("bench-tokenizer --file /dev/zero");
+  EXPECT_EQ(device.exit_code, 1);
+  EXPECT_EQ(device.err, "error: /dev/zero: cannot read: not a regular file\n");
+}
+
+TEST(E2E_Reliability, ControlCharactersInAMessageStayOnItsLine) {
+  // A newline in a quoted field value or flag value started a second stderr line without "error: ".
+  ScratchDir dir;
+  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
+  Json config = Json::parse(read_file(dir.path + "/config.json"), "config.json");
+  config.set("hidden_act", std::string("ge\nlu\x01"));
+  write_file(dir.path + "/config.json", config.dump());
+  auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: field 'hidden_act' is 'ge\\nlu\\x01'; Qwen3 uses 'silu'\n");
+  auto flag = run_nanovllm("generate" + kCpuA + " --prompt-ids 1 --max-tokens \"$(printf '5\\nx')\"");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_TRUE(test::is_one_error_line(flag.err)) << flag.err;
+}
+
+TEST(E2E_Reliability, EmptyFlagValuesAreUsageErrors) {
+  // --device '' ran on the CPU; --tokenizer '' and --out '' failed on a path made from nothing.
+  for (const char* args : {"generate --device '' --model x --prompt-ids 1", "tokenize --tokenizer ''",
+                           "random-model --preset tiny --out ''", "random-model --preset tiny --out /tmp/x --tokenizer ''"}) {
+    auto r = run_nanovllm(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_TRUE(test::is_one_error_line(r.err)) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("needs a value, got ''"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+TEST(E2E_Reliability, AFlagsValueIsNeverARequestForHelp) {
+  // `--prompt -h` printed the usage and exited 0, generating nothing.
+  auto r = run_nanovllm("generate" + kCpuA + " --prompt -h");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("needs a tokenizer"), std::string::npos) << r.err;
+  auto help = run_with_stdout("generate --help", "", ">/dev/full");  // and help that cannot be written fails
+  EXPECT_EQ(help.exit_code, 1);
+  EXPECT_EQ(help.err, "error: cannot write to stdout: No space left on device\n");
+}
+
+TEST(E2E_Reliability, StdinThatIsADirectoryIsAnError) {
+  // It read as an empty input: exit 0, nothing printed.
+  for (const char* command : {"tokenize", "hash-blocks"}) {
+    ScratchDir dir;
+    const std::string line = test::nanovllm_binary() + " " + command + " <" + dir.path + " 2>" + dir.path + "/err";
+    const int status = std::system(line.c_str());
+    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1) << command;
+    EXPECT_EQ(read_file(dir.path + "/err"), "error: stdin: cannot read: it is a directory\n") << command;
+  }
+}
+
+TEST(E2E_Reliability, ABrokenTokenizerIsRefusedWhereItIsGiven) {
+  // random-model copied a truncated tokenizer.json and exited 0; an empty or non-object
+  // tokenizer_config.json was taken as none.
+  ScratchDir dir;
+  const std::string tokenizer = data_dir() + "/qwen3-tokenizer";
+  make_directories(dir.path + "/half");
+  const std::string json = read_file(tokenizer + "/tokenizer.json");
+  write_file(dir.path + "/half/tokenizer.json", json.substr(0, json.size() / 2));
+  write_file(dir.path + "/half/tokenizer_config.json", read_file(tokenizer + "/tokenizer_config.json"));
+  auto r = run_nanovllm("random-model --preset tiny --out " + dir.path + "/model --tokenizer " + dir.path + "/half");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+  EXPECT_EQ(r.err.rfind("error: " + dir.path + "/half/tokenizer.json:", 0), 0u) << r.err;
+  EXPECT_FALSE(is_directory(dir.path + "/model"));
+  make_directories(dir.path + "/config");
+  write_file(dir.path + "/config/tokenizer.json", json);
+  for (const char* text : {"", "[]"}) {
+    write_file(dir.path + "/config/tokenizer_config.json", text);
+    auto t = run_nanovllm("tokenize --tokenizer " + dir.path + "/config", "\"hi\"\n");
+    EXPECT_EQ(t.exit_code, 1) << "'" << text << "'";
+    EXPECT_EQ(t.err.rfind("error: " + dir.path + "/config/tokenizer_config.json: ", 0), 0u) << t.err;
+  }
+}
+
+TEST(E2E_Reliability, ARopeThetaWhoseAnglesOverflowIsNamed) {
+  // rope_theta 1e-320 passed the positive check, and every step then failed on NaN logits, blaming the weights.
+  ScratchDir dir;
+  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
+  std::string config = read_file(dir.path + "/config.json");
+  for (size_t at = config.find("\"rope_theta\""); at != std::string::npos; at = config.find("\"rope_theta\"", at + 1)) {
+    const size_t value = config.find(':', at) + 1, end = config.find_first_of(",}", value);
+    config.replace(value, end - value, " 1e-320");
+  }
+  write_file(dir.path + "/config.json", config);
+  auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+  EXPECT_NE(r.err.find("config.json: rope_theta "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("gives RoPE angles that overflow fp32"), std::string::npos) << r.err;
+}
+
+TEST(E2E_Reliability, ATiedCheckpointWithADifferentHeadIsRefused) {
+  // tie_word_embeddings true over a checkpoint whose lm_head.weight differs from the embedding: the head was
+  // dropped as a tied copy, and the run produced other tokens with exit 0.
+  ScratchDir dir;
+  const std::string b = test::data_path("golden/tiny-qwen3-b");
+  for (const char* f : {"model.safetensors", "generation_config.json"}) write_file(dir.path + "/" + f, read_file(b + "/" + f));
+  Json config = Json::parse(read_file(b + "/config.json"), "config.json");
+  ASSERT_FALSE(config.at("tie_word_embeddings").as_bool());
+  config.set("tie_word_embeddings", true);
+  write_file(dir.path + "/config.json", config.dump());
+  auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + ": config.json says tie_word_embeddings, but lm_head.weight differs from "
+                   "model.embed_tokens.weight\n");
 }

@@ -13,6 +13,10 @@ namespace nanovllm {
 
 std::string read_file(const std::string& path) {
   if (is_directory(path)) fail(path, ": cannot read: it is a directory");
+  // A FIFO would block the open until a writer came, a device such as /dev/zero never end: only a regular
+  // file is read (a path that does not exist falls through to fopen's own error).
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(path, ": cannot read: ", std::strerror(errno));
   std::string text;

@@ -7,7 +7,8 @@
 
 namespace nanovllm {
 
-// The whole file as bytes. Throws Error "PATH: cannot read: <reason>".
+// The whole file as bytes. Throws Error "PATH: cannot read: <reason>", also for a directory, a FIFO or a
+// device (only a regular file is read).
 std::string read_file(const std::string& path);
 
 // Writes `text` to PATH.tmp.<pid>, then renames it over `path`: a reader never sees half a file.

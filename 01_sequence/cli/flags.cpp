@@ -2,6 +2,9 @@
 // Python, as example.py and bench.py do).
 #include "01_sequence/cli/flags.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -37,6 +40,9 @@ Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
         if (i + 1 >= argc) throw UsageError("flag " + arg + " needs a value");
         value = argv[++i];
       }
+      // An empty value is a mistake (a variable that expanded to nothing), never "the default": every flag
+      // but --prompt, whose empty text is a prompt, refuses it.
+      if (value.empty() && name != "prompt") throw UsageError("flag --" + name + " needs a value, got ''");
       values_[name].push_back(value);
       in_order_.emplace_back(name, value);
     } else {
@@ -95,6 +101,17 @@ void flush_stdout() {
   std::cout.flush();
   const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout;
   if (failed) fail("cannot write to stdout: ", std::strerror(errno ? errno : EIO));
+}
+
+std::istream& stdin_lines() {
+  // A directory as stdin reads as an empty file through iostreams (read() fails, getline sees the end).
+  struct stat st;
+  if (fstat(STDIN_FILENO, &st) == 0 && S_ISDIR(st.st_mode)) fail("stdin: cannot read: it is a directory");
+  return std::cin;
+}
+
+void check_stdin_read(const std::istream& in) {
+  if (in.bad()) fail("stdin: read failed");
 }
 
 uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +48,11 @@ class Flags {
 // flush_stdout flushes std::cout and stdout (main() calls it after every command).
 void write_stdout(const std::string& text);
 void flush_stdout();
+// Input read line by line: std::cin, once stdin is known not to be a directory (Error "stdin: cannot read:
+// it is a directory"); check_stdin_read after the last line throws Error "stdin: read failed" for a read
+// that failed rather than ended.
+std::istream& stdin_lines();
+void check_stdin_read(const std::istream& in);
 
 // --attention-version N: a kernel of chapter 05's ladder (0 .. the last of attention_versions(),
 // 05_attention/attention.h), or the default -1, each phase's fastest. A usage error names the range.

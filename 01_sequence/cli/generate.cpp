@@ -1,6 +1,6 @@
 // generate.cpp: the subcommands that run the model, `generate` and `logits` (nano-vllm: example.py).
 //
-//   nanovllm generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [sampling] [engine options] [--json]
+//   nanovllm generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3)... [sampling] [engine options] [--json]
 //   nanovllm logits   --model DIR --prompt-ids 1,2,3
 //
 // Part of the entry (linked last): it builds an LLMEngine from flags.

@@ -20,7 +20,8 @@ namespace nanovllm {
 int cmd_hash_blocks(const Flags& flags) {
   const int block_size = int(flags.get_int("block-size", 256, 1, 1 << 20));
   std::string line;
-  for (int line_no = 1; std::getline(std::cin, line); line_no++) {
+  std::istream& in = stdin_lines();
+  for (int line_no = 1; std::getline(in, line); line_no++) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {  // a blank line for a blank line: aligned
       write_stdout("\n");
       flush_stdout();
@@ -46,6 +47,7 @@ int cmd_hash_blocks(const Flags& flags) {
     write_stdout(out);
     flush_stdout();
   }
+  check_stdin_read(in);
   return 0;
 }
 

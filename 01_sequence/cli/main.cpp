@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -43,7 +44,7 @@ const std::vector<Command>& commands() {
       {"generate", nanovllm::cmd_generate,
        plus(kEngineFlags, {"prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p"}),
        plus(kEngineSwitches, {"chat", "ignore-eos", "json"}),
-       "generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3)... [--chat] [--max-tokens N] [--temperature T] "
+       "generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3)... [--chat] [--max-tokens N] [--temperature T] "
        "[--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]"},
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
@@ -101,6 +102,27 @@ static void load_kernels_eagerly_for_tensor_parallelism(int argc, char** argv) {
   }
 }
 
+// An error message as one line: a name or value quoted from a file or the command line may hold a newline
+// or another control character, which would start a second line without "error: ". Each is written as an
+// escape (\n, \r, \t, or \xHH); every other byte, UTF-8 included, as it is.
+static std::string one_line(const char* message) {
+  std::string line;
+  for (const char* p = message; *p; p++) {
+    const unsigned char c = static_cast<unsigned char>(*p);
+    if (c == '\n') line += "\\n";
+    else if (c == '\r') line += "\\r";
+    else if (c == '\t') line += "\\t";
+    else if (c < 0x20 || c == 0x7f) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      line += hex;
+    } else {
+      line += char(c);
+    }
+  }
+  return line;
+}
+
 int main(int argc, char** argv) {
   load_kernels_eagerly_for_tensor_parallelism(argc, argv);
   // A closed stdout would make every result vanish (and let the next file opened take descriptor 1):
@@ -122,10 +144,19 @@ int main(int argc, char** argv) {
   for (const Command& c : commands()) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
     for (int i = 2; i < argc; i++) {
-      if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      // A value flag's value is not a request for help: `--prompt -h` asks about "-h".
+      const std::string arg = argv[i];
+      if (arg.rfind("--", 0) == 0 && arg.find('=') == std::string::npos &&
+          std::find(c.value_flags.begin(), c.value_flags.end(), arg.substr(2)) != c.value_flags.end()) {
+        i++;
+        continue;
+      }
+      if (arg == "--help" || arg == "-h") {
         std::printf("usage: nanovllm %s\n", c.usage);
         if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
-        return 0;
+        if (std::fflush(stdout) == 0) return 0;
+        std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+        return 1;
       }
     }
     try {
@@ -134,19 +165,19 @@ int main(int argc, char** argv) {
       nanovllm::flush_stdout();  // a failed write is an error, even at the very end
       return code;
     } catch (const nanovllm::UsageError& e) {
-      std::fprintf(stderr, "error: %s (usage: nanovllm %s)\n", e.what(), c.usage);
+      std::fprintf(stderr, "error: %s (usage: nanovllm %s)\n", one_line(e.what()).c_str(), c.usage);
       return 2;
     } catch (const nanovllm::Error& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
+      std::fprintf(stderr, "error: %s\n", one_line(e.what()).c_str());
       return 1;
     } catch (const std::bad_alloc&) {
       std::fprintf(stderr, "error: out of memory\n");
       return 1;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "error: internal error: %s\n", e.what());
+      std::fprintf(stderr, "error: internal error: %s\n", one_line(e.what()).c_str());
       return 1;
     }
   }
-  std::fprintf(stderr, "error: unknown command '%s' (try: nanovllm help)\n", argv[1]);
+  std::fprintf(stderr, "error: unknown command '%s' (try: nanovllm help)\n", one_line(argv[1]).c_str());
   return 2;
 }

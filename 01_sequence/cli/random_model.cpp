@@ -15,6 +15,7 @@
 #include <string>
 
 #include "01_sequence/cli/flags.h"
+#include "01_sequence/tokenizer/tokenizer.h"
 #include "04_model_runner/checkpoint/random_model.h"
 
 namespace nanovllm {
@@ -39,6 +40,9 @@ int cmd_random_model(const Flags& flags) {
     if (!empty) fail(out, ": the folder is not empty (give a new or empty folder, or --force to overwrite)");
   }
 
+  // The tokenizer is copied as it is: read it first, so that a broken one is an error now, not when the
+  // model is first run.
+  if (flags.has("tokenizer")) Tokenizer::load(flags.get("tokenizer"));
   const auto start = std::chrono::steady_clock::now();
   write_random_model(config, out, seed, flags.get("tokenizer"));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

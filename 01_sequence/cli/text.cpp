@@ -38,7 +38,8 @@ Tokenizer load_tokenizer(const Flags& flags) {
 template <class Handler>
 int for_each_json_line(Handler handle) {
   std::string line;
-  for (int line_no = 1; std::getline(std::cin, line); line_no++) {
+  std::istream& in = stdin_lines();
+  for (int line_no = 1; std::getline(in, line); line_no++) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {
       write_stdout("\n");
       flush_stdout();
@@ -56,6 +57,7 @@ int for_each_json_line(Handler handle) {
     write_stdout(out);
     flush_stdout();  // at once: a failed write stops the command
   }
+  check_stdin_read(in);
   return 0;
 }
 

@@ -304,7 +304,10 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   std::string path = dir + "/tokenizer.json";
   std::string config_path = dir + "/tokenizer_config.json";
   std::string config;
-  if (is_regular_file(config_path)) config = read_file(config_path);
+  if (is_regular_file(config_path)) {
+    config = read_file(config_path);
+    if (config.empty()) fail(config_path, ": the file is empty (a JSON object was expected)");
+  }
   return from_json(read_file(path), path, config, config_path);
 }
 
@@ -323,6 +326,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
 
   if (!config_json.empty()) {
     Json config = Json::parse(config_json, config_source);
+    if (!config.is_object()) fail(config_source, ": expected a JSON object");
     const Json* eos = config.find("eos_token");
     if (eos && !eos->is_null()) {
       // Either "<|im_end|>" or {"content": "<|im_end|>", ...} (older transformers wrote the latter).

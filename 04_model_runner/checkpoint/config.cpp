@@ -175,6 +175,15 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   if (!have_theta) fail(path, ": missing field 'rope_parameters.rope_theta' (or 'rope_theta')");
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
     fail(path, ": rope_theta must be positive, got ", c.rope_theta);
+  // Every angle of the RoPE table (build_rope_table: position x 1 / theta^(2 j / head_dim), in fp32) must be
+  // finite, or each step's logits come out NaN and the weights get the blame: a theta of 1e-320 passes the
+  // test above.
+  for (int j = 0; j < c.head_dim / 2; j++) {
+    const float inv_freq = 1.0f / float(std::pow(c.rope_theta, double(2 * j) / c.head_dim));
+    if (!std::isfinite(inv_freq) || !std::isfinite(float(c.max_position_embeddings - 1) * inv_freq))
+      fail(path, ": rope_theta ", c.rope_theta, " gives RoPE angles that overflow fp32 (head_dim ", c.head_dim,
+           ", max_position_embeddings ", c.max_position_embeddings, ")");
+  }
 
   if (const Json* tie = config.optional("tie_word_embeddings"))
     c.tie_word_embeddings = config.as_bool("tie_word_embeddings", *tie);
