@@ -581,3 +581,25 @@ TEST(E2E_Reliability, ATiedCheckpointWithADifferentHeadIsRefused) {
   EXPECT_EQ(r.err, "error: " + dir.path + ": config.json says tie_word_embeddings, but lm_head.weight differs from "
                    "model.embed_tokens.weight\n");
 }
+
+TEST(E2E_Reliability, BenchTokenizerNamesTheFileWithInvalidUtf8) {
+  // The error gave an offset in the files joined together, and no file.
+  ScratchDir dir;
+  std::string bytes;
+  for (int b = 0; b < 256; b++) bytes += char(b);
+  write_file(dir.path + "/ok.txt", "hello\n");
+  write_file(dir.path + "/bytes.bin", bytes);
+  auto r = run_nanovllm("bench-tokenizer --file " + dir.path + "/ok.txt --file " + dir.path + "/bytes.bin");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + "/bytes.bin: invalid UTF-8 at byte offset 128 (byte 0x80)\n");
+}
+
+TEST(E2E_Reliability, LogitsOfAPromptOfEveryPositionSayWhy) {
+  // A prompt of exactly max_position_embeddings tokens was refused for a max_tokens the user never gave.
+  std::string ids = "1";
+  for (int i = 1; i < 4096; i++) ids += ",1";
+  auto r = run_nanovllm("logits" + kCpuA + " --prompt-ids " + ids);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: request 0: prompt (4096 tokens) must leave room for one token under the model's "
+                   "max_position_embeddings (4096)\n");
+}

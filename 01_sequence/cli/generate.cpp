@@ -191,6 +191,12 @@ int cmd_logits(const Flags& flags) {
   // the scheduler counts prompt + max_tokens (1), so make room for it.
   if (int64_t(prompt.size()) > config.max_model_len)
     fail("request 0: prompt (", prompt.size(), " tokens) exceeds max_model_len (", config.max_model_len, ")");
+  // The room for that token is lost where the model runner cuts max_model_len to the model's positions: a
+  // prompt of every position fits the model, but not with the token after it.
+  const int positions = ModelConfig::load(config.model).max_position_embeddings;
+  if (int64_t(prompt.size()) >= positions && config.max_model_len >= positions)
+    fail("request 0: prompt (", prompt.size(), " tokens) must leave room for one token under the model's ",
+         "max_position_embeddings (", positions, ")");
   config.max_model_len++;
   LLMEngine engine(config);
   SamplingParams greedy;

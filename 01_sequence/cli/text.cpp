@@ -24,6 +24,7 @@
 #include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 #include "01_sequence/tokenizer/tokenizer.h"
+#include "01_sequence/base/utf8.h"
 
 namespace nanovllm {
 
@@ -114,7 +115,16 @@ int cmd_bench_tokenizer(const Flags& flags) {
   if (files.empty()) throw UsageError("give at least one --file FILE to encode");
   Tokenizer tokenizer = load_tokenizer(flags);
   std::string text;
-  for (const std::string& path : files) text += read_file(path);
+  for (const std::string& path : files) {
+    const std::string file = read_file(path);
+    // Checked here, so that the error names the file and the offset in it (encode sees them joined).
+    for (size_t i = 0, len; i < file.size(); i += len) {
+      uint32_t code_point;
+      if ((len = utf8_decode(file.data() + i, file.size() - i, &code_point)) == 0)
+        fail(path, ": invalid UTF-8 at byte offset ", i, " (byte 0x", std::hex, int(uint8_t(file[i])), ")");
+    }
+    text += file;
+  }
   if (text.empty()) fail("the files are empty");
 
   using Clock = std::chrono::steady_clock;
