@@ -418,7 +418,11 @@ void Json::dump_to(std::string& out) const {
       } else if (is_uint_) {
         auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, uint_);
         out.append(buffer, end);
-      } else if (!std::isfinite(number_)) {
+      } else if (std::isinf(number_)) {
+        // A number too large for a double (1e400 in a config) parsed as an infinity: written as 1e999,
+        // valid JSON that reads back as the same infinity, where "null" would say the value was absent.
+        out += number_ > 0 ? "1e999" : "-1e999";
+      } else if (std::isnan(number_)) {
         out += "null";
       } else {
         auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, number_);

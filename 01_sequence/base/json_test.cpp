@@ -147,6 +147,19 @@ TEST(Ch01_Json, RandomDoublesRoundTrip) {
   }
 }
 
+TEST(Ch01_Json, NumbersTooLargeForADoubleReadAndWriteAsInfinities) {
+  // As Python's json: 1e400 is an infinity. Written back as 1e999, not null, so that a message quoting it
+  // shows a number, and the text reads back as the same infinity.
+  for (const char* text : {"1e400", "-1e400", "1e999"}) {
+    Json value = Json::parse(text, "t");
+    ASSERT_TRUE(std::isinf(value.as_double())) << text;
+    const std::string written = value.dump();
+    EXPECT_EQ(written, value.as_double() > 0 ? "1e999" : "-1e999") << text;
+    EXPECT_EQ(Json::parse(written, "t").as_double(), value.as_double()) << text;
+  }
+  EXPECT_EQ(Json::parse("1e-400", "t").as_double(), 0.0);  // an underflow is zero
+}
+
 TEST(Ch01_Json, FloatWriterIsShortestRoundTrip) {
   std::string out;
   nanovllm::json_append_float(out, 0.1f);
