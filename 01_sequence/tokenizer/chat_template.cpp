@@ -120,11 +120,13 @@ ChatRequest parse_chat_request(const Json& request) {
       where = "messages[" + std::to_string(i) + "].reasoning_content";
       if (const Json* r = m.find("reasoning_content"); r && !r->is_null()) message.reasoning_content = r->as_string();
       where = "messages[" + std::to_string(i) + "].tool_calls";
-      if (const Json* t = m.find("tool_calls"); t && !t->is_null() && t->size() > 0) fail("tool calls are not supported");
+      // An array (a number or a string is a mistake, not "none"), and empty: tool calls are not supported.
+      if (const Json* t = m.find("tool_calls"); t && !t->is_null() && !t->as_array().empty())
+        fail("tool calls are not supported");
       result.messages.push_back(std::move(message));
     }
     where = "tools";
-    if (const Json* t = request.find("tools"); t && !t->is_null() && t->size() > 0) fail("tools are not supported");
+    if (const Json* t = request.find("tools"); t && !t->is_null() && !t->as_array().empty()) fail("tools are not supported");
     where = "add_generation_prompt";
     if (const Json* v = request.find("add_generation_prompt"); v && !v->is_null()) result.add_generation_prompt = v->as_bool();
     where = "enable_thinking";

@@ -120,6 +120,13 @@ TEST(Ch01_ChatTemplate, Errors) {
   EXPECT_NE(parse_error(R"({"messages":[{"role":"assistant","content":"","tool_calls":[{}]}]})")
                 .find("messages[0].tool_calls"),
             std::string::npos);
+  // Not an array is a mistake, not "no tools" (5 and "x" were taken as empty).
+  EXPECT_NE(parse_error(R"({"messages":[],"tools":5})").find("tools: expected an array, got a number"),
+            std::string::npos);
+  EXPECT_NE(parse_error(R"({"messages":[{"role":"user","content":"","tool_calls":"x"}]})")
+                .find("messages[0].tool_calls: expected an array, got a string"),
+            std::string::npos);
+  EXPECT_NO_THROW(parse_chat_request(Json::parse(R"({"messages":[],"tools":[],"tool_calls":null})", "t")));
   EXPECT_NE(error_of([] { render({}); }).find("messages: empty"), std::string::npos);
   EXPECT_NE(error_of([] { render({{"user", "Q"}, {"tool", "42"}}); }).find("messages[1].role: 'tool'"),
             std::string::npos);
