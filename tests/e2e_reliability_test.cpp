@@ -74,6 +74,14 @@ std::string last_line(std::string text) {
   return text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
 }
 
+// Copies checkpoint `from` into `dir` file by file, with `edit` applied to its config.json.
+void copy_model_editing_config(const std::string& from, const std::string& dir, const std::function<void(Json&)>& edit) {
+  for (const char* f : {"model.safetensors", "generation_config.json"}) write_file(dir + "/" + f, read_file(from + "/" + f));
+  Json config = Json::parse(read_file(from + "/config.json"), from + "/config.json");
+  edit(config);
+  write_file(dir + "/config.json", config.dump());
+}
+
 }  // namespace
 
 TEST(E2E_Reliability, HugeMaxTokensIsRefusedUpFront) {
@@ -453,10 +461,7 @@ TEST(E2E_Reliability, AHugeLayerCountIsRefusedAtTheFirstMissingLayer) {
   // num_hidden_layers 16,777,216 built a layout of every expected tensor name first: killed for memory at
   // ~24 GB, after two minutes, with nothing on stderr.
   ScratchDir dir;
-  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
-  Json config = Json::parse(read_file(dir.path + "/config.json"), "config.json");
-  config.set("num_hidden_layers", 16777216);
-  write_file(dir.path + "/config.json", config.dump());
+  copy_model_editing_config(kModelA, dir.path, [](Json& config) { config.set("num_hidden_layers", 16777216); });
   auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: " + dir.path + ": the checkpoint has no tensor 'model.layers.2.input_layernorm.weight', "
@@ -466,7 +471,7 @@ TEST(E2E_Reliability, AHugeLayerCountIsRefusedAtTheFirstMissingLayer) {
 TEST(E2E_Reliability, OnlyRegularFilesAreRead) {
   // A FIFO named config.json blocked the open forever; /dev/zero was read until memory ran out.
   ScratchDir dir;
-  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
+  copy_model_editing_config(kModelA, dir.path, [](Json&) {});
   std::remove((dir.path + "/config.json").c_str());
   ASSERT_EQ(mkfifo((dir.path + "/config.json").c_str(), 0600), 0);
   auto fifo = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1");
@@ -480,10 +485,7 @@ TEST(E2E_Reliability, OnlyRegularFilesAreRead) {
 TEST(E2E_Reliability, ControlCharactersInAMessageStayOnItsLine) {
   // A newline in a quoted field value or flag value started a second stderr line without "error: ".
   ScratchDir dir;
-  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
-  Json config = Json::parse(read_file(dir.path + "/config.json"), "config.json");
-  config.set("hidden_act", std::string("ge\nlu\x01"));
-  write_file(dir.path + "/config.json", config.dump());
+  copy_model_editing_config(kModelA, dir.path, [](Json& config) { config.set("hidden_act", std::string("ge\nlu\x01")); });
   auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: field 'hidden_act' is 'ge\\nlu\\x01'; Qwen3 uses 'silu'\n");
@@ -552,8 +554,8 @@ TEST(E2E_Reliability, ABrokenTokenizerIsRefusedWhereItIsGiven) {
 TEST(E2E_Reliability, ARopeThetaWhoseAnglesOverflowIsNamed) {
   // rope_theta 1e-320 passed the positive check, and every step then failed on NaN logits, blaming the weights.
   ScratchDir dir;
-  copy_model_a(dir.path, "", [](std::vector<uint8_t>&) {});
-  std::string config = read_file(dir.path + "/config.json");
+  copy_model_editing_config(kModelA, dir.path, [](Json&) {});
+  std::string config = read_file(dir.path + "/config.json");  // rope_theta may sit in rope_parameters too
   for (size_t at = config.find("\"rope_theta\""); at != std::string::npos; at = config.find("\"rope_theta\"", at + 1)) {
     const size_t value = config.find(':', at) + 1, end = config.find_first_of(",}", value);
     config.replace(value, end - value, " 1e-320");
@@ -570,12 +572,10 @@ TEST(E2E_Reliability, ATiedCheckpointWithADifferentHeadIsRefused) {
   // tie_word_embeddings true over a checkpoint whose lm_head.weight differs from the embedding: the head was
   // dropped as a tied copy, and the run produced other tokens with exit 0.
   ScratchDir dir;
-  const std::string b = test::data_path("golden/tiny-qwen3-b");
-  for (const char* f : {"model.safetensors", "generation_config.json"}) write_file(dir.path + "/" + f, read_file(b + "/" + f));
-  Json config = Json::parse(read_file(b + "/config.json"), "config.json");
-  ASSERT_FALSE(config.at("tie_word_embeddings").as_bool());
-  config.set("tie_word_embeddings", true);
-  write_file(dir.path + "/config.json", config.dump());
+  copy_model_editing_config(test::data_path("golden/tiny-qwen3-b"), dir.path, [](Json& config) {
+    ASSERT_FALSE(config.at("tie_word_embeddings").as_bool());
+    config.set("tie_word_embeddings", true);
+  });
   auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: " + dir.path + ": config.json says tie_word_embeddings, but lm_head.weight differs from "

@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "01_sequence/base/common.h"
 
 namespace nanovllm {
 
@@ -67,6 +70,23 @@ inline bool utf8_is_valid(const std::string& s) {
     i += len;
   }
   return true;
+}
+
+// Throws Error "[what: ]invalid UTF-8 at byte offset I (byte 0xHH)" at the first byte of `text` that does not
+// start a well-formed sequence; `what` names the text (a prompt, a file) so that the offset is in it as given.
+inline void check_utf8(std::string_view text, const std::string& what = "") {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<unsigned char>(text[i]) < 0x80) {  // ASCII, most of any text: no decode
+      i++;
+      continue;
+    }
+    uint32_t code_point;
+    const size_t len = utf8_decode(text.data() + i, text.size() - i, &code_point);
+    if (len == 0)
+      fail(what, what.empty() ? "" : ": ", "invalid UTF-8 at byte offset ", i, " (byte 0x", std::hex,
+           int(uint8_t(text[i])), ")");
+    i += len;
+  }
 }
 
 }  // namespace nanovllm

@@ -121,12 +121,7 @@ int cmd_generate(const Flags& flags) {
     } else if (name == "prompt") {
       // Checked here, so that the error names the prompt and the offset in it as given (not in the chat
       // template around it).
-      for (size_t i = 0, len; i < value.size(); i += len) {
-        uint32_t code_point;
-        if ((len = utf8_decode(value.data() + i, value.size() - i, &code_point)) == 0)
-          fail("prompt ", prompts.size(), ": invalid UTF-8 at byte offset ", i, " (byte 0x", std::hex,
-               int(uint8_t(value[i])), ")");
-      }
+      check_utf8(value, "prompt " + std::to_string(prompts.size()));
       std::string text = flags.has("chat") ? apply_chat_template({{"user", value}}, true, true) : value;
       prompts.push_back(tokenizer->encode(text));
       prompt_texts.push_back(text);

@@ -117,12 +117,7 @@ int cmd_bench_tokenizer(const Flags& flags) {
   std::string text;
   for (const std::string& path : files) {
     const std::string file = read_file(path);
-    // Checked here, so that the error names the file and the offset in it (encode sees them joined).
-    for (size_t i = 0, len; i < file.size(); i += len) {
-      uint32_t code_point;
-      if ((len = utf8_decode(file.data() + i, file.size() - i, &code_point)) == 0)
-        fail(path, ": invalid UTF-8 at byte offset ", i, " (byte 0x", std::hex, int(uint8_t(file[i])), ")");
-    }
+    check_utf8(file, path);  // here, so that the error names the file and the offset in it (encode sees them joined)
     text += file;
   }
   if (text.empty()) fail("the files are empty");

@@ -504,17 +504,7 @@ bool Tokenizer::is_special(int32_t id) const { return id >= 0 && id < vocab_size
 // Encode.
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  // Validate once, up front, so that every later stage can trust the bytes.
-  for (size_t i = 0; i < text.size();) {
-    if (static_cast<unsigned char>(text[i]) < 0x80) {
-      i++;
-      continue;
-    }
-    uint32_t cp;
-    size_t len = utf8_decode(text.data() + i, text.size() - i, &cp);
-    if (len == 0) fail("invalid UTF-8 at byte offset ", i, " (byte 0x", std::hex, int(uint8_t(text[i])), ")");
-    i += len;
-  }
+  check_utf8(text);  // once, up front, so that every later stage can trust the bytes
 
   // Stage 1: cut out added tokens; the text between them goes through the other stages.
   std::vector<int32_t> ids;
