@@ -140,18 +140,26 @@ void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallel
   r.backend = device_id >= 0 ? make_cuda_backend(device_id, config.attention_version, config.linear_version)
                              : make_cpu_backend();
   r.model = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*r.backend, checkpoint_, mc, tp, r.rank), tp, r.rank);
-  r.workspace = make_qwen3_workspace(*r.backend, mc, tp, max_tokens_, max_seqs_, max_model_len_);
-  const AttentionShape shape = r.model->attention_shape(block_size_);
-  r.attention_scratch = Buffer(r.backend->device(), r.backend->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
-  // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step). For a
-  // GPU the host mirror is pinned, so that the upload is a DMA queued on the stream (upload_async), or,
-  // in a CUDA graph, read by the graph's first kernel (pull_async).
-  r.step_storage = Arena::carve(r.backend->device(), [&](Arena& a) {
-    r.step = carve_step_tensors(a);
-    r.tokens = a.take(DType::I32, {max_seqs_});
-  });
-  const bool pinned = r.backend->device() == Device::CUDA;
-  r.step_staging = Arena::carve(Device::CPU, [&](Arena& a) { r.staged = carve_step_tensors(a); }, pinned);
+  // The buffers below grow with the largest step (max_num_batched_tokens rows, max_num_seqs sequences), so
+  // running out of memory here is the settings' fault, not the model's: the error names them.
+  try {
+    r.workspace = make_qwen3_workspace(*r.backend, mc, tp, max_tokens_, max_seqs_, max_model_len_);
+    const AttentionShape shape = r.model->attention_shape(block_size_);
+    r.attention_scratch =
+        Buffer(r.backend->device(), r.backend->attention_scratch_bytes(max_seqs_, max_model_len_, shape));
+    // Step inputs: one layout, carved on the device and mirrored on the host (one upload per step). For a
+    // GPU the host mirror is pinned, so that the upload is a DMA queued on the stream (upload_async), or,
+    // in a CUDA graph, read by the graph's first kernel (pull_async).
+    r.step_storage = Arena::carve(r.backend->device(), [&](Arena& a) {
+      r.step = carve_step_tensors(a);
+      r.tokens = a.take(DType::I32, {max_seqs_});
+    });
+    const bool pinned = r.backend->device() == Device::CUDA;
+    r.step_staging = Arena::carve(Device::CPU, [&](Arena& a) { r.staged = carve_step_tensors(a); }, pinned);
+  } catch (const Error& e) {
+    fail("the buffers for steps of up to ", max_tokens_, " tokens and ", max_seqs_,
+         " sequences (max_num_batched_tokens, max_num_seqs): ", e.what());
+  }
 }
 
 void ModelRunner::wrap_backend(const std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)>& wrap) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -443,6 +444,30 @@ TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: cannot allocate 2000 MiB for the KV cache on the CPU (2000 blocks; use --kv-cache-blocks N to "
                    "use less)\n");
+}
+
+TEST(E2E_Reliability, StepBuffersTooLargeNameTheSettingsThatSizeThem) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
+#endif
+#ifdef NANOVLLM_CUDA
+  GTEST_SKIP() << "a CUDA build maps the CUDA libraries into most of a 1 GiB address space";
+#endif
+  // `bench-step --batch 65536` said only "out of host memory allocating 43874 MiB": the step's buffers grow
+  // with the largest step, and the error now names its rows and sequences.
+  ScratchDir dir;
+  const std::string command = "ulimit -v 1048576 && " + test::nanovllm_binary() + " generate" + kCpuA +
+                              " --prompt-ids 1,2 --max-tokens 2 --max-num-batched-tokens 16777216 >/dev/null 2>" +
+                              dir.path + "/err";
+  const int status = std::system(command.c_str());
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1);
+  const std::string err = read_file(dir.path + "/err");
+  EXPECT_EQ(err.rfind("error: the buffers for steps of up to 16777216 tokens and 512 sequences (max_num_batched_tokens, "
+                      "max_num_seqs): out of host memory allocating ",
+                      0),
+            0u)
+      << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
 TEST(E2E_Reliability, InvalidUtf8PromptNamesThePromptAndTheOffsetAsGiven) {
