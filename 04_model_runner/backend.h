@@ -162,9 +162,10 @@ class Backend {
                          const AttentionMetadata& meta, const AttentionShape& shape) = 0;
   // qk_norm_rope_store (slots from meta.slot_mapping), then attention: what the model calls for each
   // layer. By default the two in sequence, the spec. A backend that does both in one pass (the GPU in
-  // decode with attention v9 or v10: 05_attention's decode_attention_fused_cuda) says so in
-  // fuses_qk_norm_rope_store_attention and overrides this; out and the cache are then the same bits, and
-  // qkv is left raw instead of normed and rotated (nobody reads it afterwards).
+  // decode with attention v9, v10 or v11, decode_attention_fuses_qk_norm_rope: 05_attention's
+  // decode_attention_fused_cuda) says so in fuses_qk_norm_rope_store_attention and overrides this; out
+  // and the cache are then the same bits, and qkv is left raw instead of normed and rotated (nobody reads
+  // it afterwards).
   virtual bool fuses_qk_norm_rope_store_attention(const AttentionMetadata& /*meta*/,
                                                   const AttentionShape& /*shape*/) const {
     return false;

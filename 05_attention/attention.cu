@@ -91,7 +91,7 @@ AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_
   return p;
 }
 
-// The 16-byte loads and stores of v1-v10 need 16-byte aligned rows (v0 takes any).
+// The 16-byte loads and stores of every version from v1 on need 16-byte aligned rows (v0 takes any).
 void check_alignment(int version, const bf16* q, int64_t q_stride, const bf16* out, int64_t out_stride) {
   if (version == 0) return;
   if (q_stride % 8 != 0 || out_stride % 8 != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
@@ -146,8 +146,9 @@ int cluster_decode_splits(int num_seqs, const AttentionShape& s) {
 }
 
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& s) {
-  // v2-v9 cut the context into decode_partition_size partitions, v10 into decode_splits; v0 and v1 need no
-  // scratch, nor does v10 with 1 split.
+  // v2-v9 cut the context into decode_partition_size partitions, v10 into decode_splits (and v11 too where
+  // the GPU has no clusters); v0 and v1 need no scratch, nor do v10 with 1 split and v11 merging in its
+  // cluster (cluster_decode_splits).
   size_t most = 0;
   for (int b = 1; b <= max_seqs; b++) {
     const int size = decode_partition_size(b, s);

@@ -97,6 +97,8 @@ int attention_version_for(AttentionPhase phase, int requested, const AttentionSh
 
 namespace nanovllm {
 
+// As store_kvcache_cpu, on bf16: one block a token, 16-byte copies where kv_dim and row_stride are multiples
+// of 8 and k, v 16-byte aligned (one value at a time otherwise).
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 
@@ -119,8 +121,18 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
 // read context_lens, block_tables and the K/V of every key but each sequence's newest before they wait for
 // the previous kernel (cuda_utils.h): that kernel may write the newest key (qk_norm_rope_store_cuda does),
 // not those (in a step they are the step's upload and earlier steps' keys).
+void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
+                           const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
+                           int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
+                           float* scratch, int version, cudaStream_t stream);
+
+// Bytes of decode's scratch (the partitions' m, l and O) for any batch up to max_seqs and any context up to
+// max_context_len, for every version.
 size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const AttentionShape& shape);
+// v2-v9: the keys a partition covers (64 to 512: longer as the batch gives more blocks of its own).
 int decode_partition_size(int num_seqs, const AttentionShape& shape);
+// v10 (and v11 without clusters): how many partitions every context is cut into, enough for about one
+// block an SM; 1 from 16 sequences on at 8 KV heads.
 int decode_splits(int num_seqs, const AttentionShape& shape);
 // v11's count where the GPU holds clusters: decode_splits, but 2 instead of 1 below two blocks an SM.
 int cluster_decode_splits(int num_seqs, const AttentionShape& shape);
@@ -129,10 +141,6 @@ constexpr int kMaxClusterSplits = 16, kPortableClusterSplits = 8;  // thread-blo
 // The most splits v11 puts in one cluster on this GPU: kMaxClusterSplits, kPortableClusterSplits, or 1 where
 // the code loaded for it has no clusters.
 int tensor_core_decode_max_cluster();
-void decode_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
-                           const bf16* v_cache, const int32_t* context_lens, const int32_t* block_tables,
-                           int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
-                           float* scratch, int version, cudaStream_t stream);
 
 // Decode with chapter 04's qk_norm_rope_store done inside the attention kernel: one launch per layer
 // instead of two. qkv (num_seqs, qkv_stride) holds each sequence's new token as the projection left it

@@ -12,8 +12,8 @@
 // kKeysPerGroup consecutive keys per step (loads in flight). Worked numbers for HEAD_DIM 128: KG = 16
 // lanes, GROUPS = 2, a step of the block covers 4 warps x 2 groups x 4 keys = 32 keys.
 //
-// Every key group keeps its own online-softmax state per row (RowStates, softmax.cuh); reduce_block
-// merges the groups of a warp (shuffles) and then the warps (shared memory).
+// Every key group keeps its own online-softmax state per row (RowStates, below; its update rule is
+// softmax.cuh's); reduce_block merges the groups of a warp (shuffles) and then the warps (shared memory).
 #pragma once
 
 #include <type_traits>
@@ -161,7 +161,8 @@ __device__ inline bool reduce_block(RowStates<ROWS>& st) {
       online_softmax_merge(st.m[r], st.l[r], st.O[r], m_b, l_b, O_b);
     }
   }
-  // Each warp's merged state: (kWarps, ROWS) for m and l, (kWarps, ROWS, HEAD_DIM) for O.
+  // Each warp's merged state: (kWarps, ROWS) for m and l, (kWarps, ROWS, HEAD_DIM) for O: 16 KB at 8 rows
+  // and head_dim 128, the static shared memory NOTES.md's register table lists for v1-v4 at that shape.
   __shared__ float sm_m[kWarps][ROWS], sm_l[kWarps][ROWS], sm_O[kWarps][ROWS][HEAD_DIM];
   if (lane < KG) {
 #pragma unroll

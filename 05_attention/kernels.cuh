@@ -11,7 +11,8 @@ namespace nanovllm {
 
 // Everything a kernel needs, passed by value. Prefill and decode differ in where a sequence's queries and
 // keys come from: prefill has cu_seqlens_q/k, decode has one query per sequence and context_lens (and
-// cu_seqlens_q == nullptr).
+// cu_seqlens_q == nullptr). `rows` below: the query tokens, cu_seqlens_q[num_seqs] in prefill and num_seqs
+// in decode.
 struct AttentionParams {
   bf16* out;                    // (rows, num_heads * head_dim), row i at out + i * out_stride
   int64_t out_stride;

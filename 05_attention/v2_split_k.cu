@@ -12,7 +12,7 @@
 // Launch:   grid (max_partitions, num_kv_heads, num_seqs), 128 threads; blocks past a sequence's context
 //           return at once (under a CUDA graph, max_partitions is sized for max_model_len). Then the
 //           combine: grid (num_heads, num_seqs), head_dim threads.
-// Measured: see NOTES.md (the default decode version).
+// Measured: see NOTES.md (the decode default until the tensor-core versions, v9 on).
 #include "05_attention/gqa_tile.cuh"
 
 namespace nanovllm {

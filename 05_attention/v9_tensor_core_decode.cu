@@ -300,6 +300,7 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
   float* slots = reinterpret_cast<float*>(smem + kPipelineBytes<HEAD_DIM>);  // (splits, 16 + slice) fp32: per
                                                                              // partition m[8], l[8], O[slice]
   __shared__ __align__(8) uint64_t slots_landed;  // one mbarrier: counts the bytes of this block's slots
+                                                  // (used only when merge_in_cluster; 8 idle bytes otherwise)
   const SliceMerge<HEAD_DIM> slice_merge(p, seqlen_k, G, partition);
   const bool merge_in_cluster = CLUSTER && p.splits > 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

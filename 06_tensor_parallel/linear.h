@@ -237,14 +237,15 @@ bool linear_gemv_mma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int
 
 // v6: our GEMM on Hopper's warpgroup tensor cores (wgmma; linear_wgmma.cu) for the decode batches where
 // cuBLAS streams the weights at a third of the copy bandwidth: a block's tile is as tall as the batch (up
-// to 4 warpgroups x 64 rows of x) against `block_out` rows of W, and the in_features are split over
+// to 2 warpgroups x 64 rows of x in linear_wgmma_plan; the kernel takes 4 for a plan of one's own) against
+// `block_out` rows of W, and the in_features are split over
 // `splits` blocks that form one thread-block cluster and add up their tiles in distributed shared memory
 // (no partials in memory, no second kernel); the copy engine (TMA) loads both operands. Needs a compute
 // capability 9.0 GPU running code built for sm_90a (linear_wgmma_available) and what v4 needs
 // (linear_split_k_fits).
 constexpr int kWgmmaMaxSplits = 8;  // v6's splits of in_features: blocks of a cluster, at most the portable 8
 struct LinearWgmmaPlan {
-  int warpgroups = 1;         // 64 rows of x each: 1, 2 or 4 (n <= 64, 128, more); n > 256: more row tiles
+  int warpgroups = 1;         // 64 rows of x each: 1 or 2 (linear_wgmma_plan; the kernel takes 4 too)
   int block_out = 64;         // outputs per block: 64 or 128
   int splits = 1;             // blocks (one cluster) per output tile, 1-8
   int k_tiles_per_split = 1;  // stages of 64 in_features per split

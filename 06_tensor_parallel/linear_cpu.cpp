@@ -1,4 +1,5 @@
-// linear_cpu.cpp: the reference matrix product, spread over the CPU's cores by output rows.
+// linear_cpu.cpp: the reference matrix product, spread over the CPU's cores by output features (W's rows,
+// y's columns).
 #include <algorithm>
 #include <thread>
 #include <vector>

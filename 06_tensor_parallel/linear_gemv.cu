@@ -81,6 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     // Launched overlapped: the weights are no other kernel's output, so the first round of them is on its
     // way (for in <= 1,024 x splits, all of them) while the previous kernel, which writes x, finishes.
+    // The wait sits in the loop's first round, which every thread runs: a split is never empty
+    // (launch_gemv), so no thread reads x, or returns, without having waited.
     if (base == c_begin) {
       wait_for_previous_kernel();
       allow_next_kernel();

@@ -39,7 +39,8 @@ __device__ inline void cp_async_16(uint32_t dst, const void* src, bool valid, ui
 // Closes the group of cp.async this thread issued since its last commit.
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's committed groups are still in flight. Other threads' copies
-// are visible only after a __syncthreads that follows their own wait.
+// are visible only after a barrier over the threads that share the buffer (a __syncthreads, or a
+// __syncwarp for a warp's own stages, as v9's) that follows their own wait.
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
