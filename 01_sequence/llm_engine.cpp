@@ -63,6 +63,10 @@ int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams
   return id;
 }
 
+// nano-vllm's step is the four calls of llm_engine.h's header: schedule and launch (the `if (!in_flight_)`
+// block), collect, postprocess. The rest is the overlap (in_flight_, schedule_ahead, finish_ahead: chapter
+// 02's "Beyond nano-vllm"), --trace and the statistics; with --no-overlap, in_flight_ is always null here
+// and `next` always empty, and the step reads as nano-vllm's.
 std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* logits) {
   const int64_t preemptions_before = scheduler_->num_preemptions();
   std::map<int64_t, int> hits_before;  // for --trace: prefix-cache hits of each request before this step
@@ -108,7 +112,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
 
   std::vector<int32_t> tokens = model_runner_->collect();
   if (logits) model_runner_->download_logits(int(seqs.size()), logits);  // nothing launched since
-  for (size_t i = 0; i < seqs.size(); i++)  // the sampler's -1: NaN or Inf in the logits
+  for (size_t i = 0; i < seqs.size(); i++)  // the sampler's -1: a NaN in the logits, or no finite maximum
     if (tokens[i] < 0 && !seqs[i]->is_finished())
       fail("step ", stats_.steps + 1, ": non-finite logits (NaN or Inf) for request ", seqs[i]->seq_id,
            "; the checkpoint's weights may hold NaN or Inf");

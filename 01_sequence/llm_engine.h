@@ -107,7 +107,7 @@ class LLMEngine {
     std::vector<Sequence*> seqs;  // its batch, in row order (rows of retired sequences are dropped)
     bool is_prefill = false;
   };
-  std::unique_ptr<LaunchedStep> in_flight_;
+  std::unique_ptr<LaunchedStep> in_flight_;  // launched by the last step() ahead of its tokens, or null
   std::vector<int64_t> retired_in_flight_;  // finished, but still in in_flight_'s batch: erased after it
 
   EngineConfig config_;

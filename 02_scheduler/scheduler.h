@@ -9,8 +9,8 @@
 //    one that does not fit whole waits for the next step.
 //  - Decode advances every running sequence by one token. When the KV cache has no block for a sequence's
 //    next token, the most recently started running sequence is preempted: its blocks are released and it
-//    goes back to the front of the waiting queue, to be recomputed (its full blocks usually come back from
-//    the prefix cache).
+//    goes back to the front of the waiting queue, to be recomputed (its full blocks may come back from
+//    the prefix cache, if no other sequence has taken them meanwhile).
 // Beyond nano-vllm: a request that could never run (longer than max_model_len, or needing more KV blocks
 // than exist) is refused by add() instead of crashing or deadlocking later.
 #pragma once
@@ -82,6 +82,8 @@ class Scheduler {
   int64_t num_chunked_prefills() const { return num_chunked_prefills_; }  // chunks that left a remainder
 
  private:
+  // Back to WAITING at the front of waiting_, its blocks released. It stays in running_: the caller,
+  // which is walking that queue, takes it out.
   void preempt(Sequence* seq);
   bool is_eos(int32_t token_id) const;
   // postprocess in its two halves: what the step computed (newly full blocks hashed, num_cached_tokens

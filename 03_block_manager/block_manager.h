@@ -57,7 +57,8 @@ class BlockManager {
   void deallocate(Sequence& seq);
 
   // Decode: the token just appended (num_tokens() includes it, its K/V not yet written) needs a new block
-  // exactly when num_tokens % block_size == 1.
+  // exactly when num_tokens % block_size == 1. can_append: whether a free block is there for it if so;
+  // may_append gives it one (call it only where can_append said true).
   bool can_append(const Sequence& seq) const;
   void may_append(Sequence& seq);
 

@@ -76,7 +76,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
           execute(*r, upload(*r, in, max_model_len_), bs);
         }
       }
-      r->backend->synchronize();
+      r->backend->synchronize();  // this rank's set-up done before the next rank's, and before any collective
     }
   }
   if (tp_size > 1) {
@@ -323,8 +323,8 @@ StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const
 
 namespace {
 
-// Copies `values` into the first values.size() elements of a host tensor; returns that slice (the
-// same rows of its device twin are what the model reads).
+// Copies `values` into the first values.size() elements of a host tensor (the same elements of its device
+// twin are what the model reads once uploaded).
 template <class T>
 void stage(const Tensor& host, const std::vector<T>& values) {
   if (values.size() * sizeof(T) > host.nbytes()) fail("internal: step input of ", values.size(), " values overflows its buffer");
@@ -481,7 +481,7 @@ void ModelRunner::capture_cuda_graph(Rank& r, int bs) {
   execute(r, f, bs);
   if (r.rank == 0) r.backend->push_tokens_async(token_staging_.data(), max_seqs_, r.tokens.slice_rows(0, bs), r.step.token_slot);
   r.graphs.push_back({bs, r.backend->end_capture()});
-  r.backend->synchronize();
+  r.backend->synchronize();  // idle before the next batch size, which the ranks capture in lock step
 }
 
 void ModelRunner::execute(Rank& r, const ForwardInputs& f, int num_seqs) {

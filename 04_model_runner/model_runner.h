@@ -36,9 +36,11 @@ struct StepInputs {
   std::vector<int32_t> context_lens;     // (B,) decode
   std::vector<int32_t> block_tables;     // (B, W) row-major, -1 padded
   std::vector<int32_t> last_token_rows;  // (B,) prefill: row of each sequence's last token
-  std::vector<int32_t> input_rows;       // (T,) decode: the row of the step before's sampled tokens that is
+  std::vector<int32_t> input_rows;       // (B,) decode: the row of the step before's sampled tokens that is
                                          // this row's input token, or -1: input_ids has it (Backend::take_sampled_tokens)
   std::vector<SamplingRow> sampling;     // (B,)
+  // The most tokens a sequence computes in this step (prefill; 0 in decode), and the most keys it attends
+  // to (prefill: its computed tokens and this chunk; decode: its context, which bounds decode's launch).
   int max_seqlen_q = 0, max_seqlen_k = 0;
   int num_seqs() const { return int(sampling.size()); }
   int num_tokens() const { return int(input_ids.size()); }
@@ -54,8 +56,8 @@ class ModelRunner {
 
   // Runs one scheduled step and returns the sampled token of each sequence (for a prefill chunk that
   // does not finish its prompt, a token the scheduler will discard; -1 for a sequence whose logits hold
-  // a NaN or an infinity). If `logits` is given it receives
-  // the (B, vocab) logits the tokens were sampled from.
+  // a NaN or have no finite maximum: -Inf entries alone are masked, not an error). If `logits` is given
+  // it receives the (B, vocab) logits the tokens were sampled from.
   std::vector<int32_t> run(const std::vector<Sequence*>& seqs, bool is_prefill, std::vector<float>* logits = nullptr);
   // run() in its two halves, for the overlapped loop (LLMEngine::step): launch prepares and queues a step
   // and the copy of its tokens to the host (on a GPU it returns while the device works); collect waits for
@@ -77,6 +79,11 @@ class ModelRunner {
   };
   const RunTimes& last_run_times() const { return last_run_times_; }
 
+  // The step's inputs from the scheduled sequences, each with num_scheduled_tokens set and a block table
+  // covering every token it computes. Prefill: the tokens [num_cached_tokens, + num_scheduled_tokens) of
+  // each, cu_seqlens_q/k and last_token_rows (context_lens and input_rows empty). Decode: each sequence's
+  // last token, context_lens, and input_rows all -1 (launch fills them for a step scheduled ahead);
+  // cu_seqlens and last_token_rows empty. Both: block_tables and sampling.
   StepInputs prepare_prefill(const std::vector<Sequence*>& seqs) const;
   StepInputs prepare_decode(const std::vector<Sequence*>& seqs) const;
 
@@ -111,7 +118,7 @@ class ModelRunner {
     Tensor context_lens, last_token_rows;       // (B,) i32
     Tensor block_tables;                        // (B, W) i32
     Tensor sampling;                            // (B, sizeof(SamplingRow)) U8
-    Tensor input_rows;                          // (T,) i32
+    Tensor input_rows;                          // (B,) i32
     Tensor token_slot;                          // (1,) i32: the slot of token_staging_ a graph pushes its tokens to
   };
 
@@ -136,8 +143,12 @@ class ModelRunner {
   // device_id: the CUDA device of this rank, or -1 for the CPU (which ignores the kernel versions of config).
   void load_rank(Rank& r, const ModelConfig& mc, const TensorParallelLayout& tp, int device_id,
                  const EngineConfig& config);
+  // in.block_tables (B, W): each sequence's table, -1 past its blocks.
   void fill_block_tables(StepInputs& in, const std::vector<Sequence*>& seqs) const;
+  // in.sampling (B,): each sequence's parameters, seed, and the position of the token it samples next
+  // (num_tokens(), chapter 07's `step`: the same noise however the batch is formed).
   void fill_sampling(StepInputs& in, const std::vector<Sequence*>& seqs) const;
+  // Pads a decode step to a captured graph's batch_size rows: padding rows have slot -1, context 0.
   void pad_decode(StepInputs& in, int batch_size) const;
   // Fills rank r's host mirror with `in` (after waiting until the device has read the step before's).
   void stage_inputs(Rank& r, const StepInputs& in);

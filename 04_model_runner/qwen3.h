@@ -50,7 +50,7 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
 TensorParallelLayout tensor_parallel_layout(const ModelConfig& config, int tp_size);
 
 // Activation buffers for up to max_tokens tokens and max_seqs sequences per step, allocated once, with
-// the same layout on every rank.
+// the same layout on every rank. T and B below are those capacities; a step uses its first rows.
 struct Qwen3Workspace {
   Tensor residual;      // (T, H)
   Tensor hidden;        // (T, H): a sublayer's output
