@@ -261,6 +261,8 @@ TEST(Ch04_ModelRunner, RefusesCheckpointTensorsTheConfigDoesNotDescribe) {
   ASSERT_NE(config.find("\"num_hidden_layers\": 2"), std::string::npos);
   std::string one_layer = config;
   one_layer.replace(one_layer.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 1");
+  ASSERT_NE(one_layer.find("\"layer_types\": ["), std::string::npos);  // its 2 entries would be refused first
+  one_layer.replace(one_layer.find("\"layer_types\": ["), 16, "\"layer_types\": null, \"x\": [");
   EXPECT_EQ(load({}, one_layer), dir + ": unexpected tensor 'model.layers.1.input_layernorm.weight': config.json "
                                        "describes no such weight (num_hidden_layers 1, tie_word_embeddings true)");
   EXPECT_EQ(load({"model.layers.9.foo.weight"}, config),

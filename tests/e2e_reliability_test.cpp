@@ -486,7 +486,10 @@ TEST(E2E_Reliability, AHugeLayerCountIsRefusedAtTheFirstMissingLayer) {
   // num_hidden_layers 16,777,216 built a layout of every expected tensor name first: killed for memory at
   // ~24 GB, after two minutes, with nothing on stderr.
   ScratchDir dir;
-  copy_model_editing_config(kModelA, dir.path, [](Json& config) { config.set("num_hidden_layers", 16777216); });
+  copy_model_editing_config(kModelA, dir.path, [](Json& config) {
+    config.set("num_hidden_layers", 16777216);
+    config.set("layer_types", Json());  // its 2 entries would be refused first, as transformers does
+  });
   auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: " + dir.path + ": the checkpoint has no tensor 'model.layers.2.input_layernorm.weight', "
@@ -627,4 +630,66 @@ TEST(E2E_Reliability, LogitsOfAPromptOfEveryPositionSayWhy) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: request 0: prompt (4096 tokens) must leave room for one token under the model's "
                    "max_position_embeddings (4096)\n");
+}
+
+// The faults below were found by a second round of hostile input (2026-12-05).
+
+TEST(E2E_Reliability, AFlagOfOneValueGivenTwiceIsAUsageError) {
+  // The last value won without a word: --max-tokens 2 --max-tokens 4 gave 4 tokens, --model twice ran the
+  // second model. The lists (--prompt, --prompt-ids, --file) still repeat.
+  auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2 --max-tokens 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("error: flag --max-tokens given twice ('2' and '4') (usage: ", 0), 0u) << r.err;
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+  r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2 --prompt-ids 3 --max-tokens 1");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(E2E_Reliability, StdinClosedOrWithoutAnEndOfLineIsNamed) {
+  // A closed stdin read as empty (exit 0); a stream with no newline (/dev/zero) grew one line without
+  // bound until the memory ran out.
+  for (const char* command : {"tokenize", "hash-blocks"}) {
+    ScratchDir dir;
+    const std::string closed = test::nanovllm_binary() + " " + command + " <&- >/dev/null 2>" + dir.path + "/closed";
+    const int closed_status = std::system(closed.c_str());
+    EXPECT_EQ(WIFEXITED(closed_status) ? WEXITSTATUS(closed_status) : -1, 1) << command;
+    EXPECT_EQ(read_file(dir.path + "/closed"), "error: stdin: cannot read: Bad file descriptor\n") << command;
+    const std::string line = test::nanovllm_binary() + " " + command + " </dev/zero >/dev/null 2>" + dir.path + "/err";
+    const int status = std::system(line.c_str());
+    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1) << command;
+    EXPECT_EQ(read_file(dir.path + "/err"), "error: stdin line 1: longer than 4 MiB\n") << command;
+  }
+  // A line under the limit is still read, and the line after it named by its number.
+  auto r = run_with_stdout("hash-blocks --block-size 2", "[1,2]\n[" + std::string(3 << 20, ' ') + "1]\n[-1]\n", ">/dev/null");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: stdin line 3: token ids must be integers in [0, 2^31), got -1\n");
+}
+
+TEST(E2E_Reliability, BenchStepNamesAContextPastTheModelsPositions) {
+  // It failed on "sequence 0 holds 17 blocks, more than max_model_len allows", a flag bench-step lacks.
+  auto r = run_nanovllm("bench-step" + kCpuA + " --iters 1 --batch 1 --context 4097");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: --context 4097 is longer than the model's max_position_embeddings (4096)\n");
+}
+
+TEST(E2E_Reliability, ChatRefusesATemplateThatIsNotQwens) {
+  // Qwen3's template was rendered whatever tokenizer_config.json held, or without one.
+  ScratchDir dir;
+  const std::string tok = data_dir() + "/qwen3-tokenizer";  // the build's copy, unpacked
+  write_file(dir.path + "/tokenizer.json", read_file(tok + "/tokenizer.json"));
+  Json config = Json::parse(read_file(tok + "/tokenizer_config.json"), "tokenizer_config.json");
+  config.set("chat_template", "{% for m in messages %}[INST] {{ m.content }}{% endfor %}");
+  write_file(dir.path + "/tokenizer_config.json", config.dump());
+  const std::string expected = "error: " + dir.path +
+                               "/tokenizer_config.json: chat_template is not in Qwen's ChatML layout (no "
+                               "<|im_start|>); only Qwen3's is implemented\n";
+  auto r = run_with_stdout("chat-template --tokenizer " + dir.path, R"({"messages":[{"role":"user","content":"hi"}]})",
+                           ">/dev/null");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, expected);
+  r = run_nanovllm("generate --device cpu --tokenizer " + dir.path + " --prompt hi --chat --max-tokens 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(last_line(r.err) + "\n", expected);
+  r = run_nanovllm("generate --device cpu --tokenizer " + dir.path + " --prompt hi --max-tokens 1");  // no --chat
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }

@@ -171,9 +171,13 @@ class JsonParser {
         return number;
       }
     }
-    // Out-of-range magnitudes become +-inf, as in Python; the grammar above was already checked.
+    // Out-of-range magnitudes become +-inf, as in Python; the grammar above was already checked. A
+    // number a double cannot hold (out of range, or an integer past 64 bits) keeps its text, so that
+    // dump() and so an error message quote it as the file wrote it.
+    if (integral) number.string_.assign(first, last);
     auto [end, ec] = std::from_chars(first, last, number.number_);
     if (ec == std::errc::result_out_of_range) {
+      number.string_.assign(first, last);
       number.number_ = (*first == '-') ? -HUGE_VAL : HUGE_VAL;
       // from_chars leaves the value untouched on underflow too; a tiny exponent means zero.
       std::string_view digits(first, size_t(last - first));
@@ -412,15 +416,17 @@ void Json::dump_to(std::string& out) const {
     case Type::Bool: out += bool_ ? "true" : "false"; break;
     case Type::Number: {
       char buffer[32];
-      if (is_int_) {
+      if (!string_.empty()) {  // a parsed number a double cannot hold: its text, as read
+        out += string_;
+      } else if (is_int_) {
         auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, int_);
         out.append(buffer, end);
       } else if (is_uint_) {
         auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, uint_);
         out.append(buffer, end);
       } else if (std::isinf(number_)) {
-        // A number too large for a double (1e400 in a config) parsed as an infinity: written as 1e999,
-        // valid JSON that reads back as the same infinity, where "null" would say the value was absent.
+        // An infinity made in code (a parsed 1e400 keeps its text, above): written as 1e999, valid JSON
+        // that reads back as the same infinity, where "null" would say the value was absent.
         out += number_ > 0 ? "1e999" : "-1e999";
       } else if (std::isnan(number_)) {
         out += "null";

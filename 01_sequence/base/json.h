@@ -63,7 +63,8 @@ class Json {
 
   // Compact serialisation (no spaces); strings as UTF-8, with invalid bytes replaced by U+FFFD so that
   // the output is always valid JSON. Numbers: integers exactly, doubles in the shortest form that reads
-  // back to the same double.
+  // back to the same double, and a parsed number that no double holds (1e400, an integer past 64 bits) as
+  // its text.
   std::string dump() const;
   void dump_to(std::string& out) const;
 

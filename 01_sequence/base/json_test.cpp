@@ -147,17 +147,28 @@ TEST(Ch01_Json, RandomDoublesRoundTrip) {
   }
 }
 
-TEST(Ch01_Json, NumbersTooLargeForADoubleReadAndWriteAsInfinities) {
-  // As Python's json: 1e400 is an infinity. Written back as 1e999, not null, so that a message quoting it
-  // shows a number, and the text reads back as the same infinity.
+TEST(Ch01_Json, NumbersADoubleCannotHoldReadAsPythonAndWriteAsTheyWereRead) {
+  // As Python's json: 1e400 is an infinity, 1e-400 zero. Written back as read, so that a message quoting
+  // one shows what the file holds (they were written 1e999 and -9223372036854775808), and the text reads
+  // back as the same value.
   for (const char* text : {"1e400", "-1e400", "1e999"}) {
     Json value = Json::parse(text, "t");
     ASSERT_TRUE(std::isinf(value.as_double())) << text;
     const std::string written = value.dump();
-    EXPECT_EQ(written, value.as_double() > 0 ? "1e999" : "-1e999") << text;
+    EXPECT_EQ(written, text);
     EXPECT_EQ(Json::parse(written, "t").as_double(), value.as_double()) << text;
   }
   EXPECT_EQ(Json::parse("1e-400", "t").as_double(), 0.0);  // an underflow is zero
+  EXPECT_EQ(Json::parse("[1e-400]", "t").dump(), "[1e-400]");
+  // Integers past 64 bits: a double, not an integer, quoted as written.
+  for (const char* text : {"-9223372036854775809", "18446744073709551616"}) {
+    Json value = Json::parse(text, "t");
+    EXPECT_FALSE(value.is_integer()) << text;
+    EXPECT_EQ(value.dump(), text);
+  }
+  // An infinity made in code has no text to quote: 1e999, which reads back as the same infinity.
+  EXPECT_EQ(Json(HUGE_VAL).dump(), "1e999");
+  EXPECT_EQ(Json(-HUGE_VAL).dump(), "-1e999");
 }
 
 TEST(Ch01_Json, FloatWriterIsShortestRoundTrip) {

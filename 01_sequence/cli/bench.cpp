@@ -274,6 +274,8 @@ int cmd_bench_step(const Flags& flags) {
   config.validate();
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();
+  if (context > config.max_model_len)  // ModelRunner clamped max_model_len to the model's positions
+    fail("--context ", context, " is longer than the model's max_position_embeddings (", mc.max_position_embeddings, ")");
   const bool on_gpu = runner.device() == Device::CUDA;
   const double copy_gbps = on_gpu ? measure_copy_bandwidth() : 0;  // no roofline for the CPU here
 

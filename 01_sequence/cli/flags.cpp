@@ -43,6 +43,9 @@ Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
       // An empty value is a mistake (a variable that expanded to nothing), never "the default": every flag
       // but --prompt, whose empty text is a prompt, refuses it.
       if (value.empty() && name != "prompt") throw UsageError("flag --" + name + " needs a value, got ''");
+      // A flag of one value given twice is a mistake too (which one was meant?): only the lists repeat.
+      if (values_.count(name) && !contains(kRepeatableFlags, name))
+        throw UsageError("flag --" + name + " given twice ('" + values_[name].back() + "' and '" + value + "')");
       values_[name].push_back(value);
       in_order_.emplace_back(name, value);
     } else {
@@ -79,9 +82,11 @@ double Flags::get_double(const std::string& name, double fallback, double lo, do
   if (!has(name)) return fallback;
   std::string text = get(name);
   char* end = nullptr;
-  errno = 0;
+  // A decimal number, as get_int takes an integer: strtod alone would also take leading white space, hex
+  // (0x1p-1) and "inf". An underflow (1e-320) is still a number, the tiny value strtod gives.
+  const bool decimal = !text.empty() && text.find_first_not_of("0123456789+-.eE") == std::string::npos;
   double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value))
+  if (!decimal || end != text.c_str() + text.size() || !std::isfinite(value))
     throw UsageError("--" + name + " expects a number, got '" + text + "'");
   if (value < lo || value > hi) {
     std::ostringstream message;
@@ -103,15 +108,28 @@ void flush_stdout() {
   if (failed) fail("cannot write to stdout: ", std::strerror(errno ? errno : EIO));
 }
 
-std::istream& stdin_lines() {
-  // A directory as stdin reads as an empty file through iostreams (read() fails, getline sees the end).
+StdinLines::StdinLines() {
   struct stat st;
-  if (fstat(STDIN_FILENO, &st) == 0 && S_ISDIR(st.st_mode)) fail("stdin: cannot read: it is a directory");
-  return std::cin;
+  if (fstat(STDIN_FILENO, &st) != 0) fail("stdin: cannot read: ", std::strerror(errno));  // closed (<&-)
+  if (S_ISDIR(st.st_mode)) fail("stdin: cannot read: it is a directory");
 }
 
-void check_stdin_read(const std::istream& in) {
-  if (in.bad()) fail("stdin: read failed");
+bool StdinLines::next(std::string& line) {
+  line.clear();
+  // One byte at a time through stdio's buffer (getc_unlocked: no lock per byte), so that a NUL byte stays
+  // in the line for the JSON parser to name, and the length is checked as the line grows.
+  for (int c; (c = getc_unlocked(stdin)) != EOF;) {
+    if (c == '\n') {
+      line_number_++;
+      return true;
+    }
+    if (line.size() == kMaxLineBytes) fail("stdin line ", line_number_ + 1, ": longer than ", kMaxLineBytes >> 20, " MiB");
+    line.push_back(char(c));
+  }
+  if (std::ferror(stdin)) fail("stdin: read failed: ", std::strerror(errno));
+  if (line.empty()) return false;  // the end, after a final newline (or of an empty stdin)
+  line_number_++;  // a last line without its newline
+  return true;
 }
 
 uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {

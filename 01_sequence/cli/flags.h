@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,15 +19,19 @@ struct UsageError : Error {
   using Error::Error;
 };
 
-// Flags of one subcommand: `--name value` for value flags (repeatable, e.g. --prompt), `--name` alone
-// for switches. Anything else is a UsageError naming the offending argument.
+// Flags of one subcommand: `--name value` for value flags (once each, but kRepeatableFlags any number of
+// times), `--name` alone for switches. Anything else is a UsageError naming the offending argument.
+// The value flags that may be given more than once, each time adding to a list; any other value flag given
+// twice is a UsageError.
+const std::vector<std::string> kRepeatableFlags = {"prompt", "prompt-ids", "file"};
+
 class Flags {
  public:
   Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
         const std::vector<std::string>& switches);
 
   bool has(const std::string& name) const { return values_.count(name) > 0; }
-  // The last value given for a value flag, or `fallback` when absent.
+  // The value given for a value flag (the last, for a repeatable one), or `fallback` when absent.
   std::string get(const std::string& name, const std::string& fallback = "") const;
   const std::vector<std::string>& get_all(const std::string& name) const;
   // Numeric values, checked against [lo, hi]; a malformed or out-of-range value is a UsageError.
@@ -48,11 +51,22 @@ class Flags {
 // flush_stdout flushes std::cout and stdout (main() calls it after every command).
 void write_stdout(const std::string& text);
 void flush_stdout();
-// Input read line by line: std::cin, once stdin is known not to be a directory (Error "stdin: cannot read:
-// it is a directory"); check_stdin_read after the last line throws Error "stdin: read failed" for a read
-// that failed rather than ended.
-std::istream& stdin_lines();
-void check_stdin_read(const std::istream& in);
+// Stdin read line by line, for the JSON Lines commands. The constructor throws Error "stdin: cannot read:
+// <reason>" for a stdin that cannot be read (closed, or a directory, which would read as empty). next()
+// gives the next line without its newline and returns false at the end; a read that failed rather than
+// ended is Error "stdin: read failed: <reason>", and a line longer than kMaxLineBytes is Error "stdin line
+// N: longer than 4 MiB", since a stream with no newline (a binary file, /dev/zero) would otherwise grow
+// one string without bound.
+class StdinLines {
+ public:
+  static constexpr size_t kMaxLineBytes = size_t(4) << 20;
+  StdinLines();
+  bool next(std::string& line);
+  int line_number() const { return line_number_; }  // of the line next() gave last, from 1
+
+ private:
+  int line_number_ = 0;
+};
 
 // --attention-version N: a kernel of chapter 05's ladder (0 .. the last of attention_versions(),
 // 05_attention/attention.h), or the default -1, each phase's fastest. A usage error names the range.

@@ -114,6 +114,7 @@ int cmd_generate(const Flags& flags) {
   // (nano-vllm's example.py), thinking enabled as the template's default.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> prompt_texts;
+  if (any_text && flags.has("chat")) tokenizer->check_chat_template();
   for (const auto& [name, value] : flags.in_order()) {
     if (name == "prompt-ids") {
       prompts.push_back(parse_ids(value));

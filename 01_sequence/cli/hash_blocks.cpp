@@ -20,14 +20,14 @@ namespace nanovllm {
 int cmd_hash_blocks(const Flags& flags) {
   const int block_size = int(flags.get_int("block-size", 256, 1, 1 << 20));
   std::string line;
-  std::istream& in = stdin_lines();
-  for (int line_no = 1; std::getline(in, line); line_no++) {
+  StdinLines lines;
+  while (lines.next(line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {  // a blank line for a blank line: aligned
       write_stdout("\n");
       flush_stdout();
       continue;
     }
-    std::string source = "stdin line " + std::to_string(line_no);
+    std::string source = "stdin line " + std::to_string(lines.line_number());
     Json value = Json::parse(line, source);
     if (!value.is_array()) fail(source, ": expected an array of token ids");
     std::vector<int32_t> token_ids;
@@ -47,7 +47,6 @@ int cmd_hash_blocks(const Flags& flags) {
     write_stdout(out);
     flush_stdout();
   }
-  check_stdin_read(in);
   return 0;
 }
 

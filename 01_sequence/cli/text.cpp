@@ -39,14 +39,14 @@ Tokenizer load_tokenizer(const Flags& flags) {
 template <class Handler>
 int for_each_json_line(Handler handle) {
   std::string line;
-  std::istream& in = stdin_lines();
-  for (int line_no = 1; std::getline(in, line); line_no++) {
+  StdinLines lines;
+  while (lines.next(line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {
       write_stdout("\n");
       flush_stdout();
       continue;
     }
-    std::string source = "stdin line " + std::to_string(line_no);
+    std::string source = "stdin line " + std::to_string(lines.line_number());
     Json value = Json::parse(line, source);  // its errors already start with the source
     std::string out;
     try {
@@ -58,7 +58,6 @@ int for_each_json_line(Handler handle) {
     write_stdout(out);
     flush_stdout();  // at once: a failed write stops the command
   }
-  check_stdin_read(in);
   return 0;
 }
 
@@ -96,8 +95,8 @@ int cmd_detokenize(const Flags& flags) {
 
 int cmd_chat_template(const Flags& flags) {
   // The template is Qwen3's, written in chat_template.cpp; the tokenizer is loaded only to check that
-  // DIR holds a tokenizer at all, and to fail early, before reading stdin, if it does not.
-  load_tokenizer(flags);
+  // DIR holds a tokenizer whose template that is, and to fail early, before reading stdin, if not.
+  load_tokenizer(flags).check_chat_template();
   return for_each_json_line([&](const Json& value) {
     ChatRequest request = parse_chat_request(value);
     std::string out;

@@ -327,6 +327,16 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   if (!config_json.empty()) {
     Json config = Json::parse(config_json, config_source);
     if (!config.is_object()) fail(config_source, ": expected a JSON object");
+    // Options of transformers' decode and encode that change their output, and that this tokenizer does
+    // not have: refused when on, rather than ignored.
+    for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens"})
+      if (const Json* on = config.find(option); on && !on->is_null() && (on->type() != Json::Type::Bool || on->as_bool()))
+        fail(config_source, ": ", option, ": ", on->dump(), " is not implemented (only false)");
+    if (const Json* tmpl = config.find("chat_template"); tmpl && !tmpl->is_null()) {
+      if (!tmpl->is_string()) fail(config_source, ": chat_template: expected a string, got ", tmpl->dump());
+      tok.chat_template_ = tmpl->as_string();
+    }
+    tok.config_source_ = std::string(config_source);
     const Json* eos = config.find("eos_token");
     if (eos && !eos->is_null()) {
       // Either "<|im_end|>" or {"content": "<|im_end|>", ...} (older transformers wrote the latter).
@@ -343,14 +353,23 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   return tok;
 }
 
+void Tokenizer::check_chat_template() const {
+  const std::string where = config_source_.empty() ? "tokenizer_config.json" : config_source_;
+  if (!chat_template_) fail(where, ": no chat_template (--chat and chat-template render Qwen3's)");
+  if (chat_template_->find("<|im_start|>") == std::string::npos)
+    fail(where, ": chat_template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is implemented");
+}
+
 // We implement one pipeline: Qwen2/Qwen3's. Anything else in tokenizer.json would be silently
 // tokenized wrong, so it is refused by name.
-void Tokenizer::check_pipeline(const Json& root, std::string_view source) const {
+void Tokenizer::check_pipeline(const Json& root, std::string_view source) {
   std::string where;
   try {
-    where = "normalizer";
-    if (const Json* n = root.find("normalizer"); n && !n->is_null() && n->at("type").as_string() != "NFC")
-      fail("unsupported type '", n->at("type").as_string(), "' (only NFC is implemented)");
+    where = "normalizer";  // NFC, or none at all (null or absent: the text is taken as it is)
+    const Json* n = root.find("normalizer");
+    if (n && !n->is_null() && n->at("type").as_string() != "NFC")
+      fail("unsupported type '", n->at("type").as_string(), "' (only NFC, or none, is implemented)");
+    nfc_ = n && !n->is_null();
 
     where = "pre_tokenizer";
     const Json& pre = root.at("pre_tokenizer");
@@ -363,9 +382,17 @@ void Tokenizer::check_pipeline(const Json& root, std::string_view source) const 
                 !optional_bool(steps[1], "use_regex");
     if (!qwen) fail("only Qwen2/Qwen3's (Split on its regex, then ByteLevel without regex) is implemented");
 
-    where = "decoder";
-    if (const Json* d = root.find("decoder"); d && !d->is_null() && d->at("type").as_string() != "ByteLevel")
+    where = "decoder";  // without one, Hugging Face joins the tokens' spellings with spaces: not implemented
+    const Json* d = root.find("decoder");
+    if (!d || d->is_null()) fail("none given (only ByteLevel is implemented)");
+    if (d->at("type").as_string() != "ByteLevel")
       fail("unsupported type '", d->at("type").as_string(), "' (only ByteLevel is implemented)");
+
+    // What encode() adds around the text: ByteLevel's post-processor adds nothing (it only trims
+    // offsets), nor does none; a template (TemplateProcessing, BertProcessing, ...) would add tokens.
+    where = "post_processor";
+    if (const Json* pp = root.find("post_processor"); pp && !pp->is_null() && pp->at("type").as_string() != "ByteLevel")
+      fail("unsupported type '", pp->at("type").as_string(), "' (only ByteLevel, or none, is implemented)");
   } catch (const Error& e) {
     fail(source, ": ", where, ": ", e.what());
   }
@@ -444,7 +471,9 @@ void Tokenizer::load_model(const Json& model, std::string_view source) {
       if (l == token_ids_.end()) fail("unknown token '", left, "'");
       if (r == token_ids_.end()) fail("unknown token '", right, "'");
       if (m == token_ids_.end()) fail("the merged token '", left + right, "' is not in the vocabulary");
-      merges_.emplace(pair_key(l->second, r->second), Merge{int32_t(rank), m->second});  // first one wins
+      const auto [listed, added] = merges_.emplace(pair_key(l->second, r->second), Merge{int32_t(rank), m->second});
+      if (!added)  // which rank would Hugging Face keep? Not a question a real tokenizer asks
+        fail("'", left, " ", right, "' is listed twice (also at ", listed->second.rank, ")");
     }
   } catch (const Error& e) {
     fail(source, ": ", where, ": ", e.what());
@@ -466,6 +495,8 @@ void Tokenizer::load_added_tokens(const Json& added, std::string_view source) {
       // spaces around them; other settings would need code that Qwen3 never exercises.
       for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
         if (optional_bool(entry, flag)) fail("'", flag, "': true is not supported");
+      for (const AddedToken& other : added_)  // one text, two ids: encode would take one, eos_token the other
+        if (other.content == content && other.id != id) fail("'", content, "' is also added as id ", other.id);
       set_token(int32_t(id), content, true);
       if (optional_bool(entry, "special")) kind_[id] = Kind::kSpecial;
       added_.push_back({content, int32_t(id)});
@@ -538,7 +569,7 @@ size_t Tokenizer::find_added_token(std::string_view text, size_t pos, size_t* wh
 // Stages 2-5 on text without added tokens.
 void Tokenizer::encode_segment(std::string_view text, std::vector<int32_t>& ids) const {
   std::string normalized;
-  if (!is_nfc_quick(text)) {
+  if (nfc_ && !is_nfc_quick(text)) {
     normalized = nfc_normalize(text);
     text = normalized;
   }

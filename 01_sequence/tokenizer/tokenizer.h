@@ -81,6 +81,10 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   // tokenizer_config.json's eos_token (<|im_end|> for Qwen3), if there was one.
   std::optional<int32_t> eos_token_id() const { return eos_token_id_; }
+  // For --chat and chat-template, which render Qwen3's template (chat_template.h): throws Error naming
+  // tokenizer_config.json when it has no chat_template, or one that is not in Qwen's ChatML layout (no
+  // <|im_start|>), since rendering Qwen3's would then silently give the model another prompt.
+  void check_chat_template() const;
 
  private:
   // One merge rule "left right" -> merged token, with its priority (lower rank merges first).
@@ -98,7 +102,7 @@ class Tokenizer {
   Tokenizer();
   void load_model(const Json& model, std::string_view source);
   void load_added_tokens(const Json& added, std::string_view source);
-  void check_pipeline(const Json& root, std::string_view source) const;
+  void check_pipeline(const Json& root, std::string_view source);  // sets nfc_
   void set_token(int32_t id, std::string token, bool added);
 
   void encode_segment(std::string_view text, std::vector<int32_t>& ids) const;
@@ -119,6 +123,9 @@ class Tokenizer {
   std::vector<AddedToken> added_;                       // sorted longest first
   bool added_first_byte_[256] = {};                     // can an added token start with this byte?
   std::optional<int32_t> eos_token_id_;
+  bool nfc_ = true;                        // the normalizer: NFC, or none (tokenizer.json's "normalizer": null)
+  std::optional<std::string> chat_template_;  // tokenizer_config.json's, if it has one
+  std::string config_source_;              // tokenizer_config.json's path, for messages
   std::shared_ptr<WordCache> cache_;
 };
 

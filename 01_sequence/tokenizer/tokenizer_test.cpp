@@ -477,6 +477,15 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
        "added_tokens[0]: 'lstrip': true is not supported"},
       {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":97,\"content\":\"<x>\"}]",
        "token id 97 is given to both 'a' and '<x>'"},
+      // Found by hostile input (2026-12-05): each was accepted, and each would tokenize or decode
+      // otherwise than Hugging Face with exit 0.
+      {"\"decoder\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}", "\"decoder\":null",
+       "decoder: none given (only ByteLevel is implemented)"},
+      {"\"model\":", "\"post_processor\":{\"type\":\"TemplateProcessing\"},\"model\":",
+       "post_processor: unsupported type 'TemplateProcessing'"},
+      {"[[\"a\",\"b\"]]", "[[\"a\",\"b\"],\"a b\"]", "model.merges[1]: 'a b' is listed twice (also at 0)"},
+      {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":300,\"content\":\"<x>\"},{\"id\":301,\"content\":\"<x>\"}]",
+       "added_tokens[1]: '<x>' is also added as id 300"},
   };
   for (const Case& c : cases) {
     std::string bad = good;
@@ -496,4 +505,41 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
   EXPECT_NE(error_of([&] { Tokenizer::from_json(good, "t.json", "{\"eos_token\": \"<nope>\"}", "c.json"); })
                 .find("c.json: eos_token: not a token: '<nope>'"),
             std::string::npos);
+}
+
+TEST(Ch01_TokenizerLoad, ConfigOptionsThatChangeTheOutputAreRefusedWhenOn) {
+  const std::string json = tiny_tokenizer_json({}, {});
+  for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens"}) {
+    const std::string off = std::string("{\"") + option + "\": false}", on = std::string("{\"") + option + "\": true}";
+    EXPECT_EQ(error_of([&] { Tokenizer::from_json(json, "t.json", off, "c.json"); }), "") << option;
+    EXPECT_EQ(error_of([&] { Tokenizer::from_json(json, "t.json", on, "c.json"); }),
+              std::string("c.json: ") + option + ": true is not implemented (only false)");
+  }
+}
+
+TEST(Ch01_TokenizerLoad, ChatNeedsQwensChatMlTemplate) {
+  const std::string json = tiny_tokenizer_json({}, {});
+  auto chat_error = [&](const std::string& config) {
+    return error_of([&] { Tokenizer::from_json(json, "t.json", config, "c.json").check_chat_template(); });
+  };
+  EXPECT_EQ(chat_error(R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"})"), "");
+  EXPECT_EQ(chat_error("{}"), "c.json: no chat_template (--chat and chat-template render Qwen3's)");
+  EXPECT_EQ(chat_error(R"({"chat_template": "{% for m in messages %}[INST] {{ m.content }}{% endfor %}"})"),
+            "c.json: chat_template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is implemented");
+  EXPECT_EQ(chat_error(R"({"chat_template": 5})"), "c.json: chat_template: expected a string, got 5");
+  EXPECT_EQ(error_of([&] { qwen3().check_chat_template(); }), "");  // the real one
+}
+
+TEST(Ch01_TokenizerLoad, NoNormalizerTakesTheTextAsItIs) {
+  // "normalizer": null was NFC all the same: e + U+0301 came out as the ids of the composed é.
+  std::string json = tiny_tokenizer_json({}, {});
+  const std::string nfc = "\"normalizer\":{\"type\":\"NFC\"}";
+  ASSERT_NE(json.find(nfc), std::string::npos);
+  json.replace(json.find(nfc), nfc.size(), "\"normalizer\":null");
+  const Tokenizer none = Tokenizer::from_json(json, "t.json");
+  const Tokenizer with_nfc = Tokenizer::from_json(tiny_tokenizer_json({}, {}), "t.json");
+  const std::string decomposed = "e" + cp(0x301), composed = cp(0xE9);
+  EXPECT_EQ(none.decode(none.encode(decomposed)), decomposed);
+  EXPECT_EQ(with_nfc.decode(with_nfc.encode(decomposed)), composed);
+  EXPECT_EQ(none.encode(composed), with_nfc.encode(composed));  // already NFC: the same either way
 }

@@ -194,8 +194,24 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   if (const Json* sliding = config.optional("use_sliding_window");
       sliding && config.as_bool("use_sliding_window", *sliding))
     fail(path, ": use_sliding_window is true; sliding-window attention is not supported");
-  for (const char* name : {"dtype", "torch_dtype"})  // 5.x name first
-    if (const Json* dtype = config.optional(name); dtype && c.dtype.empty()) c.dtype = config.as_string(name, *dtype);
+  for (const char* name : {"dtype", "torch_dtype"}) {  // 5.x name first
+    const Json* dtype = config.optional(name);
+    if (!dtype || !c.dtype.empty()) continue;
+    c.dtype = config.as_string(name, *dtype);
+    // The checkpoint's weights are read as they are stored (safetensors names each tensor's dtype); this
+    // is what the model was trained in, and anything but a float type means a model this engine is not.
+    if (c.dtype != "bfloat16" && c.dtype != "float16" && c.dtype != "float32")
+      fail(path, ": field '", name, "' is '", c.dtype, "'; expected bfloat16, float16 or float32");
+  }
+  // Which layers use sliding-window attention: none may here (use_sliding_window is false above), and
+  // transformers refuses a list of the wrong length or with another kind of layer.
+  if (const Json* kinds = config.optional("layer_types")) {
+    if (!kinds->is_array() || int64_t(kinds->size()) != c.num_hidden_layers)
+      fail(path, ": field 'layer_types' must be a list of num_hidden_layers (", c.num_hidden_layers, ") entries");
+    for (const Json& kind : kinds->as_array())
+      if (!kind.is_string() || (kind.as_string() != "full_attention" && kind.as_string() != "sliding_attention"))
+        fail(path, ": field 'layer_types' holds ", kind.dump(), "; expected \"full_attention\" or \"sliding_attention\"");
+  }
 
   // Special tokens: generation_config.json, when present, is what generate() uses.
   const std::string gen_path = model_dir + "/generation_config.json";

@@ -180,6 +180,11 @@ TEST(Ch04_Config, InconsistentOrUnsupportedValuesAreRefused) {
       {"use_sliding_window", "true", "use_sliding_window is true; sliding-window attention is not supported"},
       {"eos_token_id", "512", "field 'eos_token_id': token id 512 is outside the vocabulary [0, 512)"},
       {"eos_token_id", "[1, -1]", "field 'eos_token_id': token id -1 is outside the vocabulary [0, 512)"},
+      {"dtype", "\"int8\"", "field 'dtype' is 'int8'; expected bfloat16, float16 or float32"},
+      {"layer_types", R"(["full_attention"])", "field 'layer_types' must be a list of num_hidden_layers (2) entries"},
+      {"layer_types", R"("full_attention")", "field 'layer_types' must be a list of num_hidden_layers (2) entries"},
+      {"layer_types", R"(["full_attention", "linear_attention"])",
+       "field 'layer_types' holds \"linear_attention\"; expected \"full_attention\" or \"sliding_attention\""},
   };
   for (const auto& [field, value, expected] : cases)
     EXPECT_EQ(load_error(dir, with(base_config(), field, value)), path + ": " + expected) << field << " = " << value;
