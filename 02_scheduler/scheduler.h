@@ -82,8 +82,8 @@ class Scheduler {
   int64_t num_chunked_prefills() const { return num_chunked_prefills_; }  // chunks that left a remainder
 
  private:
-  // Back to WAITING at the front of waiting_, its blocks released. It stays in running_: the caller,
-  // which is walking that queue, takes it out.
+  // Back to WAITING at the front of waiting_, its blocks released. running_ is not touched: the caller,
+  // which is walking that queue, takes the sequence out of it (or already has).
   void preempt(Sequence* seq);
   bool is_eos(int32_t token_id) const;
   // postprocess in its two halves: what the step computed (newly full blocks hashed, num_cached_tokens

@@ -157,6 +157,8 @@ void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallel
     const bool pinned = r.backend->device() == Device::CUDA;
     r.step_staging = Arena::carve(Device::CPU, [&](Arena& a) { r.staged = carve_step_tensors(a); }, pinned);
   } catch (const Error& e) {
+    const std::string what = e.what();  // Buffer's: "out of host/GPU memory ...", "cannot allocate ..."
+    if (what.rfind("out of ", 0) != 0 && what.rfind("cannot allocate ", 0) != 0) throw;  // not an allocation's
     fail("the buffers for steps of up to ", max_tokens_, " tokens and ", max_seqs_,
          " sequences (max_num_batched_tokens, max_num_seqs): ", e.what());
   }

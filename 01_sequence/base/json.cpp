@@ -296,7 +296,7 @@ int64_t Json::as_int64() const {
     // Accept 2.0 or 1e3 when exactly integral (Python writes some integers that way).
     if (std::isfinite(number_) && number_ == std::floor(number_) && std::fabs(number_) < 9.007199254740992e15)
       return int64_t(number_);
-    fail("expected an integer, got ", number_);
+    fail("expected an integer, got ", dump());
   }
   return int_;
 }

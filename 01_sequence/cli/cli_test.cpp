@@ -44,3 +44,29 @@ TEST(Ch01_Cli, RandomModelCommand) {
   TempDir empty;
   EXPECT_EQ(run({"--preset", "tiny", "--out", empty.path()}), 0);  // an empty folder is fine
 }
+
+TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return Flags(int(argv.size()), argv.data(), {"temperature", "max-tokens", "prompt", "prompt-ids"}, {"chat"});
+  };
+  auto temperature = [&](const std::string& text) { return parse({"--temperature", text}).get_double("temperature", 1, 0, 100); };
+  // Decimal numbers, as get_int takes integers; strtod alone took leading space, hex and "inf".
+  EXPECT_EQ(temperature("0.5"), 0.5);
+  EXPECT_EQ(temperature("+.5"), 0.5);
+  EXPECT_EQ(temperature("5."), 5.0);
+  EXPECT_EQ(temperature("5e-1"), 0.5);
+  EXPECT_GT(temperature("1e-320"), 0.0);  // an underflow is still a number (it was "expects a number")
+  for (const char* bad : {" 0.5", "0.5 ", "0x1p-1", "inf", "nan", "1e400", "0.5x", "-", "e5"})
+    EXPECT_EQ(error_of([&] { temperature(bad); }), std::string("--temperature expects a number, got '") + bad + "'")
+        << bad;
+  EXPECT_EQ(error_of([&] { temperature("200"); }), "--temperature must be in [0, 100], got 200");
+  // A flag of one value given twice is refused; the lists repeat; a switch twice is still one switch.
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens", "2", "--max-tokens=4"}); }),
+            "flag --max-tokens given twice ('2' and '4')");
+  const Flags lists = parse({"--prompt", "a", "--prompt-ids", "1", "--prompt", "b", "--chat", "--chat"});
+  EXPECT_EQ(lists.get_all("prompt"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(lists.in_order().size(), 3u);
+  EXPECT_TRUE(lists.has("chat"));
+}

@@ -106,7 +106,11 @@ int cmd_generate(const Flags& flags) {
   if (!flags.has("prompt") && !flags.has("prompt-ids")) throw UsageError("give at least one --prompt or --prompt-ids");
   if (flags.has("chat") && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
 
-  LLMEngine engine(engine_config_from(flags, /*default_allowed=*/true));
+  const EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
+  // Before the model is loaded: a tokenizer folder whose chat template is not Qwen3's fails at once.
+  const std::string tokenizer_dir = config.tokenizer.empty() ? config.model : config.tokenizer;
+  if (flags.has("chat") && is_regular_file(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
+  LLMEngine engine(config);
   const Tokenizer* tokenizer = engine.tokenizer();
   if (any_text && !tokenizer)
     fail("--prompt TEXT needs a tokenizer: ", engine.config().model, " has no tokenizer.json (give --tokenizer DIR)");
@@ -114,7 +118,6 @@ int cmd_generate(const Flags& flags) {
   // (nano-vllm's example.py), thinking enabled as the template's default.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> prompt_texts;
-  if (any_text && flags.has("chat")) tokenizer->check_chat_template();
   for (const auto& [name, value] : flags.in_order()) {
     if (name == "prompt-ids") {
       prompts.push_back(parse_ids(value));

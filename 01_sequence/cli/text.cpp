@@ -34,12 +34,13 @@ Tokenizer load_tokenizer(const Flags& flags) {
   return Tokenizer::load(flags.get("tokenizer", data_dir() + "/qwen3-tokenizer"));
 }
 
-// Runs `handle` on every non-blank stdin line, as a parsed JSON value, and prints what it returns (a
-// blank line for a blank line). Errors from the handler are prefixed with "stdin line N: ".
+// Runs `handle` on every non-blank line of `lines`, as a parsed JSON value, and prints what it returns (a
+// blank line for a blank line). Errors from the handler are prefixed with "stdin line N: ". The commands
+// open stdin first, before anything else takes a file descriptor: with stdin closed, the next file opened
+// would become descriptor 0 and be read as the input.
 template <class Handler>
-int for_each_json_line(Handler handle) {
+int for_each_json_line(StdinLines& lines, Handler handle) {
   std::string line;
-  StdinLines lines;
   while (lines.next(line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {
       write_stdout("\n");
@@ -64,8 +65,9 @@ int for_each_json_line(Handler handle) {
 }  // namespace
 
 int cmd_tokenize(const Flags& flags) {
+  StdinLines lines;
   Tokenizer tokenizer = load_tokenizer(flags);
-  return for_each_json_line([&](const Json& value) {
+  return for_each_json_line(lines, [&](const Json& value) {
     if (!value.is_string()) fail("expected a JSON string, got ", Json::type_name(value.type()));
     std::string out = "[";
     for (int32_t id : tokenizer.encode(value.as_string())) {
@@ -77,8 +79,9 @@ int cmd_tokenize(const Flags& flags) {
 }
 
 int cmd_detokenize(const Flags& flags) {
+  StdinLines lines;
   Tokenizer tokenizer = load_tokenizer(flags);
-  return for_each_json_line([&](const Json& value) {
+  return for_each_json_line(lines, [&](const Json& value) {
     if (!value.is_array()) fail("expected a JSON array of token ids, got ", Json::type_name(value.type()));
     std::vector<int32_t> ids;
     for (const Json& id : value.as_array()) {
@@ -95,9 +98,11 @@ int cmd_detokenize(const Flags& flags) {
 
 int cmd_chat_template(const Flags& flags) {
   // The template is Qwen3's, written in chat_template.cpp; the tokenizer is loaded only to check that
-  // DIR holds a tokenizer whose template that is, and to fail early, before reading stdin, if not.
-  load_tokenizer(flags).check_chat_template();
-  return for_each_json_line([&](const Json& value) {
+  // DIR holds a tokenizer, and its template checked to be Qwen's layout, both before reading stdin.
+  StdinLines lines;
+  load_tokenizer(flags);
+  check_chat_template(flags.get("tokenizer", data_dir() + "/qwen3-tokenizer"));
+  return for_each_json_line(lines, [&](const Json& value) {
     ChatRequest request = parse_chat_request(value);
     std::string out;
     json_append_quoted(out, apply_chat_template(request.messages, request.add_generation_prompt,

@@ -3,6 +3,7 @@
 #include "01_sequence/tokenizer/chat_template.h"
 
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 
 namespace nanovllm {
@@ -135,6 +136,31 @@ ChatRequest parse_chat_request(const Json& request) {
     fail(where, ": ", e.what());
   }
   return result;
+}
+
+void check_chat_template(const std::string& dir) {
+  std::string source = dir + "/chat_template.jinja", text;
+  if (is_regular_file(source)) {  // transformers 5 saves the template apart, and reads it first
+    text = read_file(source);
+  } else {
+    source = dir + "/tokenizer_config.json";
+    if (!is_regular_file(source))
+      fail(dir, ": no chat template (neither chat_template.jinja nor tokenizer_config.json); --chat and "
+                "chat-template render Qwen3's");
+    const Json config = Json::parse(read_file(source), source);
+    const Json* found = config.is_object() ? config.find("chat_template") : nullptr;
+    if (!found || found->is_null()) fail(source, ": no chat_template (--chat and chat-template render Qwen3's)");
+    if (found->is_string()) text = found->as_string();
+    if (found->is_array())  // named templates: [{"name": "default", "template": "..."}, ...]
+      for (const Json& named : found->as_array())
+        if (named.is_object() && named.find("name") && named.at("name").is_string() &&
+            named.at("name").as_string() == "default" && named.find("template") && named.at("template").is_string())
+          text = named.at("template").as_string();
+    if (text.empty())
+      fail(source, ": chat_template: expected a string, or a list with a \"default\" entry, got ", found->dump());
+  }
+  if (text.find("<|im_start|>") == std::string::npos)
+    fail(source, ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is implemented");
 }
 
 }  // namespace nanovllm

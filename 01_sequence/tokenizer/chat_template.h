@@ -46,4 +46,11 @@ struct ChatRequest {
 };
 ChatRequest parse_chat_request(const Json& request);
 
+// For --chat and chat-template, which render Qwen3's template: throws Error naming the file when the
+// tokenizer folder `dir` has no chat template (chat_template.jinja, or else tokenizer_config.json's
+// "chat_template", a string or a list with a "default" entry: where transformers looks), or one that is
+// not in Qwen's ChatML layout (no <|im_start|>), since rendering Qwen3's would then give the model
+// another prompt than transformers would. Another ChatML template passes, and is rendered as Qwen3's.
+void check_chat_template(const std::string& dir);
+
 }  // namespace nanovllm

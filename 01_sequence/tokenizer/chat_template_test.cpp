@@ -8,6 +8,7 @@
 #include "tests/test_util.h"
 
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/files.h"
 #include "01_sequence/base/json.h"
 
 using namespace nanovllm;
@@ -133,3 +134,36 @@ TEST(Ch01_ChatTemplate, Errors) {
   EXPECT_NE(error_of([] { render({{"developer", "x"}}); }).find("messages[0].role: expected 'system', 'user'"),
             std::string::npos);
 }
+
+TEST(Ch01_ChatTemplate, ATokenizerMustHoldQwensChatMlLayout) {
+  // Qwen3's template was rendered whatever the tokenizer folder held, or without any template.
+  test::TempDir dir;
+  auto error_with = [&](const std::string& config) {
+    write_file(dir / "tokenizer_config.json", config);
+    return test::error_of([&] { check_chat_template(dir.path()); });
+  };
+  const std::string config_path = dir / "tokenizer_config.json";
+  EXPECT_EQ(error_with(R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"})"), "");
+  EXPECT_EQ(error_with(R"({"chat_template": [{"name": "tool_use", "template": "x"},
+                                             {"name": "default", "template": "<|im_start|>"}]})"), "");
+  EXPECT_EQ(error_with("{}"), config_path + ": no chat_template (--chat and chat-template render Qwen3's)");
+  EXPECT_EQ(error_with(R"({"chat_template": "{% for m in messages %}[INST] {{ m.content }}{% endfor %}"})"),
+            config_path + ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is "
+                          "implemented");
+  EXPECT_EQ(error_with(R"({"chat_template": 5})"),
+            config_path + ": chat_template: expected a string, or a list with a \"default\" entry, got 5");
+  // transformers 5 saves the template as chat_template.jinja, which it reads first.
+  write_file(dir / "chat_template.jinja", "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}");
+  EXPECT_EQ(error_with("{}"), "");
+  write_file(dir / "chat_template.jinja", "[INST]");
+  EXPECT_EQ(error_with("{}"), dir / "chat_template.jinja" +
+                                  ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only "
+                                  "Qwen3's is implemented");
+  std::remove((dir / "chat_template.jinja").c_str());
+  std::remove(config_path.c_str());
+  EXPECT_EQ(test::error_of([&] { check_chat_template(dir.path()); }),
+            dir.path() + ": no chat template (neither chat_template.jinja nor tokenizer_config.json); --chat and "
+                         "chat-template render Qwen3's");
+  EXPECT_EQ(test::error_of([&] { check_chat_template(data_dir() + "/qwen3-tokenizer"); }), "");  // the real one
+}
+

@@ -332,11 +332,6 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens"})
       if (const Json* on = config.find(option); on && !on->is_null() && (on->type() != Json::Type::Bool || on->as_bool()))
         fail(config_source, ": ", option, ": ", on->dump(), " is not implemented (only false)");
-    if (const Json* tmpl = config.find("chat_template"); tmpl && !tmpl->is_null()) {
-      if (!tmpl->is_string()) fail(config_source, ": chat_template: expected a string, got ", tmpl->dump());
-      tok.chat_template_ = tmpl->as_string();
-    }
-    tok.config_source_ = std::string(config_source);
     const Json* eos = config.find("eos_token");
     if (eos && !eos->is_null()) {
       // Either "<|im_end|>" or {"content": "<|im_end|>", ...} (older transformers wrote the latter).
@@ -351,13 +346,6 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     }
   }
   return tok;
-}
-
-void Tokenizer::check_chat_template() const {
-  const std::string where = config_source_.empty() ? "tokenizer_config.json" : config_source_;
-  if (!chat_template_) fail(where, ": no chat_template (--chat and chat-template render Qwen3's)");
-  if (chat_template_->find("<|im_start|>") == std::string::npos)
-    fail(where, ": chat_template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is implemented");
 }
 
 // We implement one pipeline: Qwen2/Qwen3's. Anything else in tokenizer.json would be silently
@@ -495,8 +483,10 @@ void Tokenizer::load_added_tokens(const Json& added, std::string_view source) {
       // spaces around them; other settings would need code that Qwen3 never exercises.
       for (const char* flag : {"lstrip", "rstrip", "single_word", "normalized"})
         if (optional_bool(entry, flag)) fail("'", flag, "': true is not supported");
-      for (const AddedToken& other : added_)  // one text, two ids: encode would take one, eos_token the other
-        if (other.content == content && other.id != id) fail("'", content, "' is also added as id ", other.id);
+      // One text under two ids: encode would take one, eos_token the other.
+      if (const auto other = token_ids_.find(content); other != token_ids_.end() && other->second != id &&
+                                                       kind_[size_t(other->second)] != Kind::kVocab)
+        fail("'", content, "' is also added as id ", other->second);
       set_token(int32_t(id), content, true);
       if (optional_bool(entry, "special")) kind_[id] = Kind::kSpecial;
       added_.push_back({content, int32_t(id)});

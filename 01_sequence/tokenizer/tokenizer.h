@@ -81,10 +81,6 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   // tokenizer_config.json's eos_token (<|im_end|> for Qwen3), if there was one.
   std::optional<int32_t> eos_token_id() const { return eos_token_id_; }
-  // For --chat and chat-template, which render Qwen3's template (chat_template.h): throws Error naming
-  // tokenizer_config.json when it has no chat_template, or one that is not in Qwen's ChatML layout (no
-  // <|im_start|>), since rendering Qwen3's would then silently give the model another prompt.
-  void check_chat_template() const;
 
  private:
   // One merge rule "left right" -> merged token, with its priority (lower rank merges first).
@@ -124,8 +120,6 @@ class Tokenizer {
   bool added_first_byte_[256] = {};                     // can an added token start with this byte?
   std::optional<int32_t> eos_token_id_;
   bool nfc_ = true;                        // the normalizer: NFC, or none (tokenizer.json's "normalizer": null)
-  std::optional<std::string> chat_template_;  // tokenizer_config.json's, if it has one
-  std::string config_source_;              // tokenizer_config.json's path, for messages
   std::shared_ptr<WordCache> cache_;
 };
 

@@ -517,19 +517,6 @@ TEST(Ch01_TokenizerLoad, ConfigOptionsThatChangeTheOutputAreRefusedWhenOn) {
   }
 }
 
-TEST(Ch01_TokenizerLoad, ChatNeedsQwensChatMlTemplate) {
-  const std::string json = tiny_tokenizer_json({}, {});
-  auto chat_error = [&](const std::string& config) {
-    return error_of([&] { Tokenizer::from_json(json, "t.json", config, "c.json").check_chat_template(); });
-  };
-  EXPECT_EQ(chat_error(R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"})"), "");
-  EXPECT_EQ(chat_error("{}"), "c.json: no chat_template (--chat and chat-template render Qwen3's)");
-  EXPECT_EQ(chat_error(R"({"chat_template": "{% for m in messages %}[INST] {{ m.content }}{% endfor %}"})"),
-            "c.json: chat_template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is implemented");
-  EXPECT_EQ(chat_error(R"({"chat_template": 5})"), "c.json: chat_template: expected a string, got 5");
-  EXPECT_EQ(error_of([&] { qwen3().check_chat_template(); }), "");  // the real one
-}
-
 TEST(Ch01_TokenizerLoad, NoNormalizerTakesTheTextAsItIs) {
   // "normalizer": null was NFC all the same: e + U+0301 came out as the ids of the composed é.
   std::string json = tiny_tokenizer_json({}, {});
