@@ -64,7 +64,10 @@ constexpr int kSweptSms = 132;        // the SMs of the H200 on which the plans 
 constexpr int kMaxSplits = kWgmmaMaxSplits;  // blocks per cluster: the largest portable cluster
 
 // The shape of a block: WG warpgroups, each 64 rows of x; BN rows of W (outputs); at most MAX_STAGES
-// stages (3 for the sampling ending, whose blocks run two an SM: 04_model_runner/NOTES.md, section 5).
+// stages (for the sampling ending 2 at one warpgroup, 50 KB: four blocks an SM, and 3 at two; 04_model_runner/
+// NOTES.md, section 5, "Two stages for the sampled LM head").
+template <int WG>
+constexpr int kSampleStages = WG == 1 ? 2 : 3;  // the sampling ending's
 template <int BN, int WG, int MAX_STAGES = 4>
 struct Block {
   static constexpr int kThreads = 128 * WG;
@@ -160,8 +163,9 @@ __device__ inline void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
 // SAMPLE (one split, BN = 128, OutT float): the LM head with the sampler in its ending (linear_sample_cuda).
 // W is the head's (vocab, in) weight; the block's fp32 tile goes to shared memory and 07_sampler's
 // sample_tile scores it into `sampling`'s per-row keys. y (n, vocab) receives only the rows sample_tile
-// writes (top-k / top-p rows, or all with sampling.all_logits). Blocks of 3 stages, two an SM: a block's
-// ending then overlaps the other block's copies (04_model_runner/NOTES.md, section 5).
+// writes (top-k / top-p rows, or all with sampling.all_logits). Blocks of 2 stages at one warpgroup (up to
+// 64 rows; four blocks an SM) and 3 at two (two an SM): a block's ending then overlaps the other blocks'
+// copies (04_model_runner/NOTES.md, section 5).
 //
 // PARTIALS (OutT float, not SILU; linear version 8): no sum in the cluster, and no cluster. Each split's fp32
 // tile goes to its own slice of y, (splits, n, out), and the norm after the projection adds the slices
@@ -171,7 +175,7 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
     linear_wgmma_kernel(OutT* y, const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                         int n, int in, int out, int k_tiles_per_split, TileSampling sampling) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using B = Block<BN, WG, SAMPLE ? 3 : 4>;
+  using B = Block<BN, WG, SAMPLE ? kSampleStages<WG> : 4>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_address(smem_raw), base = (raw + 1023u) & ~1023u;
   const int split = int(blockIdx.x), splits = int(gridDim.x), out0 = int(blockIdx.y) * BN,
@@ -484,7 +488,7 @@ void launch_wgmma(OutT* y, const bf16* x, const bf16* W, int n, int in, int out,
 template <int WG>
 void launch_sample(float* logits, const bf16* x, const bf16* W, int n, int in, int vocab, const TileSampling& sampling,
                    cudaStream_t stream) {
-  using B = Block<128, WG, 3>;
+  using B = Block<128, WG, kSampleStages<WG>>;
   static const bool allowed = [] {
     CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<128, WG, float, false, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, B::kSmemBytes));
