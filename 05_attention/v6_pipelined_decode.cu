@@ -3,8 +3,9 @@
 // are doing.
 //
 // Idea:     decode is a stream: at 4.2 TB/s and ~1 us of latency an SM needs ~32 KB in flight (Little's
-//           law), and v2 has a warp's loads in flight only between its load and its use; v4 tried to
-//           keep more in flight with registers and lost a block per SM to them. cp.async copies global
+//           law: bytes in flight = bandwidth x latency, 4.2 MB over 132 SMs), and v2 has a warp's loads in
+//           flight only between its load and its use; v4 tried to keep more in flight with registers and
+//           lost two blocks of five per SM to them. cp.async copies global
 //           memory to shared memory without holding registers: the block keeps kStages - 1 steps of
 //           K/V (16 KB each) in flight while its warps compute on the oldest.
 // Adds:     over v2: per block step (kStepKeys keys: 32 for head_dim 128) all 128 threads issue 16-byte

@@ -4,8 +4,8 @@
 // Idea:     a decode kernel is fast when enough bytes are on their way from DRAM at every moment. In v2 a
 //           warp's loads are in flight only between its load and its first use of the data; while the
 //           warp computes, it asks for nothing, and v2's 96 registers leave room for 5 blocks per SM. v4
-//           tried to load the next step into registers early and lost a block per SM to the registers
-//           that held it. A prefetch into L2 (PTX `prefetch.global.L2`) holds no register and has no
+//           tried to load the next step into registers early and lost two of those blocks to the
+//           registers that held it (144 a thread: 3 blocks). A prefetch into L2 (PTX `prefetch.global.L2`) holds no register and has no
 //           result to wait for: the warp names the cache lines of its next step, DRAM starts on them,
 //           and the real loads one step later find them in L2 (a few hundred cycles instead of a DRAM
 //           round trip under load).
