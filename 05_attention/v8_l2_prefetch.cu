@@ -5,10 +5,10 @@
 //           warp's loads are in flight only between its load and its first use of the data; while the
 //           warp computes, it asks for nothing, and v2's 96 registers leave room for 5 blocks per SM. v4
 //           tried to load the next step into registers early and lost two of those blocks to the
-//           registers that held it (144 a thread: 3 blocks). A prefetch into L2 (PTX `prefetch.global.L2`) holds no register and has no
-//           result to wait for: the warp names the cache lines of its next step, DRAM starts on them,
-//           and the real loads one step later find them in L2 (a few hundred cycles instead of a DRAM
-//           round trip under load).
+//           registers that held it (144 a thread: 3 blocks). A prefetch into L2 (PTX
+//           `prefetch.global.L2`) holds no register and has no result to wait for: the warp names the
+//           cache lines of its next step, DRAM starts on them, and the real loads one step later find
+//           them in L2 (a few hundred cycles instead of a DRAM round trip under load).
 // Adds:     prefetch_next_step: each lane names one 128-byte line of the warp's next step. A warp step
 //           reads GROUPS x kKeysPerGroup keys x (K, V) x HEAD_DIM x 2 bytes = 4,096 bytes for any head
 //           dim (8 keys of 512 B at head_dim 128; 16 keys of 256 B at 64): exactly 32 lines.
