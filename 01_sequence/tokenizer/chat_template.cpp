@@ -150,13 +150,14 @@ void check_chat_template(const std::string& dir) {
     const Json config = Json::parse(read_file(source), source);
     const Json* found = config.is_object() ? config.find("chat_template") : nullptr;
     if (!found || found->is_null()) fail(source, ": no chat_template (--chat and chat-template render Qwen3's)");
-    if (found->is_string()) text = found->as_string();
+    bool named_default = false;
     if (found->is_array())  // named templates: [{"name": "default", "template": "..."}, ...]
       for (const Json& named : found->as_array())
         if (named.is_object() && named.find("name") && named.at("name").is_string() &&
             named.at("name").as_string() == "default" && named.find("template") && named.at("template").is_string())
-          text = named.at("template").as_string();
-    if (text.empty())
+          text = named.at("template").as_string(), named_default = true;
+    if (found->is_string()) text = found->as_string();
+    else if (!named_default)
       fail(source, ": chat_template: expected a string, or a list with a \"default\" entry, got ", found->dump());
   }
   if (text.find("<|im_start|>") == std::string::npos)

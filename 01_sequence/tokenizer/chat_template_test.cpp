@@ -150,6 +150,12 @@ TEST(Ch01_ChatTemplate, ATokenizerMustHoldQwensChatMlLayout) {
   EXPECT_EQ(error_with(R"({"chat_template": "{% for m in messages %}[INST] {{ m.content }}{% endfor %}"})"),
             config_path + ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is "
                           "implemented");
+  EXPECT_EQ(error_with(R"({"chat_template": ""})"),  // a string, but not ChatML
+            config_path + ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is "
+                          "implemented");
+  EXPECT_EQ(error_with(R"({"chat_template": [{"name": "tool_use", "template": "<|im_start|>"}]})"),
+            config_path + ": chat_template: expected a string, or a list with a \"default\" entry, got "
+                          "[{\"name\":\"tool_use\",\"template\":\"<|im_start|>\"}]");
   EXPECT_EQ(error_with(R"({"chat_template": 5})"),
             config_path + ": chat_template: expected a string, or a list with a \"default\" entry, got 5");
   // transformers 5 saves the template as chat_template.jinja, which it reads first.
