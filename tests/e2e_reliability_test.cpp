@@ -52,6 +52,17 @@ test::CommandResult run_with_stdout(const std::string& args, const std::string& 
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), "", read_file(dir.path + "/err")};
 }
 
+// Runs `prefix` build/nanovllm `args` `stdin_redirect` in a shell (prefix: "ulimit -v N && "; stdin_redirect:
+// "<&-", "</dev/zero", "<DIR"), stdout and stderr to files; returns the exit code (-1 if a signal ended it),
+// stdout and stderr.
+test::CommandResult run_in_shell(const std::string& prefix, const std::string& args, const std::string& stdin_redirect) {
+  ScratchDir dir;
+  const std::string command = prefix + test::nanovllm_binary() + " " + args + " " + stdin_redirect + " >" + dir.path +
+                              "/out 2>" + dir.path + "/err";
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(dir.path + "/out"), read_file(dir.path + "/err")};
+}
+
 // Copies checkpoint A into `dir`, letting `edit` change the bytes of tensor `name`.
 void copy_model_a(const std::string& dir, const std::string& name, const std::function<void(std::vector<uint8_t>&)>& edit) {
   Checkpoint a = Checkpoint::open(kModelA);
@@ -429,14 +440,7 @@ TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
 #endif
   // The CPU KV cache took a fixed 1 GiB, which failed under a 1 GiB address-space limit with no hint.
   // Now it is sized from the model (model A needs 128 MiB for 8 sequences of 4096 tokens).
-  auto limited = [](const std::string& args) {
-    ScratchDir dir;
-    const std::string command = "ulimit -v 1048576 && " + test::nanovllm_binary() + " " + args + " >" + dir.path +
-                                "/out 2>" + dir.path + "/err";
-    const int status = std::system(command.c_str());
-    return test::CommandResult{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(dir.path + "/out"),
-                               read_file(dir.path + "/err")};
-  };
+  auto limited = [](const std::string& args) { return run_in_shell("ulimit -v 1048576 && ", args, ""); };
   auto r = limited("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out, "");
@@ -455,13 +459,10 @@ TEST(E2E_Reliability, StepBuffersTooLargeNameTheSettingsThatSizeThem) {
 #endif
   // `bench-step --batch 65536` said only "out of host memory allocating 43874 MiB": the step's buffers grow
   // with the largest step, and the error now names its rows and sequences.
-  ScratchDir dir;
-  const std::string command = "ulimit -v 1048576 && " + test::nanovllm_binary() + " generate" + kCpuA +
-                              " --prompt-ids 1,2 --max-tokens 2 --max-num-batched-tokens 16777216 >/dev/null 2>" +
-                              dir.path + "/err";
-  const int status = std::system(command.c_str());
-  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1);
-  const std::string err = read_file(dir.path + "/err");
+  auto r = run_in_shell("ulimit -v 1048576 && ",
+                        "generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2 --max-num-batched-tokens 16777216", "");
+  EXPECT_EQ(r.exit_code, 1);
+  const std::string& err = r.err;
   EXPECT_EQ(err.rfind("error: the buffers for steps of up to 16777216 tokens and 512 sequences (max_num_batched_tokens, "
                       "max_num_seqs): out of host memory allocating ",
                       0),
@@ -548,10 +549,9 @@ TEST(E2E_Reliability, StdinThatIsADirectoryIsAnError) {
   // It read as an empty input: exit 0, nothing printed.
   for (const char* command : {"tokenize", "hash-blocks"}) {
     ScratchDir dir;
-    const std::string line = test::nanovllm_binary() + " " + command + " <" + dir.path + " 2>" + dir.path + "/err";
-    const int status = std::system(line.c_str());
-    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1) << command;
-    EXPECT_EQ(read_file(dir.path + "/err"), "error: stdin: cannot read: it is a directory\n") << command;
+    auto r = run_in_shell("", command, "<" + dir.path);
+    EXPECT_EQ(r.exit_code, 1) << command;
+    EXPECT_EQ(r.err, "error: stdin: cannot read: it is a directory\n") << command;
   }
 }
 
@@ -649,15 +649,12 @@ TEST(E2E_Reliability, StdinClosedOrWithoutAnEndOfLineIsNamed) {
   // A closed stdin read as empty (exit 0); a stream with no newline (/dev/zero) grew one line without
   // bound until the memory ran out.
   for (const char* command : {"tokenize", "hash-blocks"}) {
-    ScratchDir dir;
-    const std::string closed = test::nanovllm_binary() + " " + command + " <&- >/dev/null 2>" + dir.path + "/closed";
-    const int closed_status = std::system(closed.c_str());
-    EXPECT_EQ(WIFEXITED(closed_status) ? WEXITSTATUS(closed_status) : -1, 1) << command;
-    EXPECT_EQ(read_file(dir.path + "/closed"), "error: stdin: cannot read: Bad file descriptor\n") << command;
-    const std::string line = test::nanovllm_binary() + " " + command + " </dev/zero >/dev/null 2>" + dir.path + "/err";
-    const int status = std::system(line.c_str());
-    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1) << command;
-    EXPECT_EQ(read_file(dir.path + "/err"), "error: stdin line 1: longer than 4 MiB\n") << command;
+    auto r = run_in_shell("", command, "<&-");
+    EXPECT_EQ(r.exit_code, 1) << command;
+    EXPECT_EQ(r.err, "error: stdin: cannot read: Bad file descriptor\n") << command;
+    r = run_in_shell("", command, "</dev/zero");
+    EXPECT_EQ(r.exit_code, 1) << command;
+    EXPECT_EQ(r.err, "error: stdin line 1: longer than 4 MiB\n") << command;
   }
   // A line under the limit is still read, and the line after it named by its number.
   auto r = run_with_stdout("hash-blocks --block-size 2", "[1,2]\n[" + std::string(3 << 20, ' ') + "1]\n[-1]\n", ">/dev/null");
