@@ -645,6 +645,34 @@ TEST(E2E_Reliability, AFlagOfOneValueGivenTwiceIsAUsageError) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// The faults below were found by a third round of hostile input (2026-12-05, the stop after).
+
+TEST(E2E_Reliability, LogitsOfTwoPromptsAndAFlagWithoutItsValueAreUsageErrors) {
+  // logits --prompt-ids 1 --prompt-ids 2 printed the logits of the second prompt alone, exit 0.
+  auto r = run_nanovllm("logits" + kCpuA + " --prompt-ids 1 --prompt-ids 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("error: logits takes one --prompt-ids, got 2 (usage: ", 0), 0u) << r.err;
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+  // --max-tokens --prompt-ids 1 blamed '1' ("unexpected argument"); the flag without its value is named.
+  r = run_nanovllm("generate" + kCpuA + " --max-tokens --prompt-ids 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("error: flag --max-tokens needs a value, got the flag '--prompt-ids' (usage: ", 0), 0u) << r.err;
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+}
+
+TEST(E2E_Reliability, BenchOnASmallVocabularyNamesIt) {
+  // bench.py's prompts draw ids up to 10,000; on a model of 512 ids the error blamed "request 1: token id
+  // 6890", an id the user never gave.
+  auto r = run_nanovllm("bench" + kCpuA + " --num-seqs 2 --max-input-len 100 --max-output-len 100");
+  EXPECT_EQ(r.exit_code, 1);
+  const size_t at = r.err.find("error: ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string error = r.err.substr(at);
+  EXPECT_EQ(error.rfind("error: bench: bench.py's random prompts hold token ids up to ", 0), 0u) << error;
+  EXPECT_NE(error.find(", past this model's vocabulary of 512 ("), std::string::npos) << error;
+  EXPECT_TRUE(test::is_one_error_line(error)) << error;
+}
+
 TEST(E2E_Reliability, StdinClosedOrWithoutAnEndOfLineIsNamed) {
   // A closed stdin read as empty (exit 0); a stream with no newline (/dev/zero) grew one line without
   // bound until the memory ran out.

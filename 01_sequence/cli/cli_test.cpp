@@ -69,4 +69,13 @@ TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
   EXPECT_EQ(lists.get_all("prompt"), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(lists.in_order().size(), 3u);
   EXPECT_TRUE(lists.has("chat"));
+  // A value left out: the next flag is named, not the argument after it ("unexpected argument '1'").
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens", "--prompt-ids", "1"}); }),
+            "flag --max-tokens needs a value, got the flag '--prompt-ids'");
+  EXPECT_EQ(error_of([&] { parse({"--temperature", "--chat"}); }), "flag --temperature needs a value, got the flag '--chat'");
+  EXPECT_EQ(error_of([&] { parse({"--prompt-ids", "--max-tokens=2"}); }),
+            "flag --prompt-ids needs a value, got the flag '--max-tokens=2'");
+  // --prompt's text may be anything, a flag's name included; a value that only looks like a flag is a value.
+  EXPECT_EQ(parse({"--prompt", "--chat"}).get("prompt"), "--chat");
+  EXPECT_EQ(parse({"--prompt-ids", "--5"}).get("prompt-ids"), "--5");
 }

@@ -39,6 +39,11 @@ Flags::Flags(int argc, char** argv, const std::vector<std::string>& value_flags,
       if (!inline_value) {
         if (i + 1 >= argc) throw UsageError("flag " + arg + " needs a value");
         value = argv[++i];
+        // "--max-tokens --prompt-ids 1" left out the number: the next flag is not the value (except as
+        // --prompt's text, which may be anything). Said so here, not as "unexpected argument '1'" later.
+        const std::string next_name = value.rfind("--", 0) == 0 ? value.substr(2, value.find('=') - 2) : "";
+        if (name != "prompt" && (contains(value_flags, next_name) || contains(switches, next_name)))
+          throw UsageError("flag --" + name + " needs a value, got the flag '" + value + "'");
       }
       // An empty value is a mistake (a variable that expanded to nothing), never "the default": every flag
       // but --prompt, whose empty text is a prompt, refuses it.

@@ -184,6 +184,8 @@ int cmd_generate(const Flags& flags) {
 
 int cmd_logits(const Flags& flags) {
   if (!flags.has("prompt-ids")) throw UsageError("--prompt-ids is required");
+  if (flags.get_all("prompt-ids").size() > 1) throw UsageError("logits takes one --prompt-ids, got " +
+                                                                std::to_string(flags.get_all("prompt-ids").size()));
   std::vector<int32_t> prompt = parse_ids(flags.get("prompt-ids"));
   EngineConfig config = engine_config_from(flags, /*default_allowed=*/false);
   // Only the prompt must fit max_model_len: the token sampled after it is not part of the output, but
