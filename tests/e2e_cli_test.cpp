@@ -273,8 +273,15 @@ TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
   struct Case { std::string args; int exit_code; std::string message; };
   const Case cases[] = {
       // An option's bad value is a usage error (exit 2), whichever option it is.
-      {"generate" + a + " --prompt-ids 1,2 --temperature -1", 2, "error: temperature must be >= 0 (0 = greedy), got -1 (usage: "},
-      {"generate" + a + " --prompt-ids 1,2 --max-tokens 0", 2, "error: max_tokens must be >= 1, got 0 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --temperature -1", 2, "error: --temperature must be in [0, 1e+30], got -1 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --max-tokens 0", 2, "error: --max-tokens must be in [1, 2147483647], got 0 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --max-tokens 2147483648", 2,
+       "error: --max-tokens must be in [1, 2147483647], got 2147483648 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --top-k -1", 2, "error: --top-k must be in [0, 2147483647], got -1 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --top-p 1e31", 2, "error: --top-p must be in [0, 1], got 1e31 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --top-p 0", 2, "error: top_p must be in (0, 1], got 0 (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --attention-version -1", 2,
+       "error: --attention-version must be in [0, 12], got -1 (usage: "},
       {"generate" + a + " --prompt-ids 1,2 --kv-cache-blocks 0", 2, "error: --kv-cache-blocks must be in [1, "},
       {"generate" + a + " --prompt-ids 1,2 --collectives nccl", 2, "error: --collectives must be spin or events, got 'nccl' (usage: "},
       {"bench-step --device cpu --model " + golden_model("tiny-qwen3-a") + " --collectives flags", 2,

@@ -148,8 +148,8 @@ uint64_t Flags::get_uint64(const std::string& name, uint64_t fallback) const {
 }
 
 int attention_version_from(const Flags& flags) {
-  return int(flags.get_int("attention-version", kAttentionVersionDefault, kAttentionVersionDefault,
-                           int(attention_versions().size()) - 1));
+  // 0 to the last version, as the help says; left out, the default (kAttentionVersionDefault: the fastest).
+  return int(flags.get_int("attention-version", kAttentionVersionDefault, 0, int(attention_versions().size()) - 1));
 }
 
 std::string engine_options_help() {

@@ -85,10 +85,12 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
 
 SamplingParams sampling_from(const Flags& f) {
   SamplingParams p;
-  p.temperature = float(f.get_double("temperature", p.temperature, -1e30, 1e30));
-  p.max_tokens = int(f.get_int("max-tokens", p.max_tokens, INT32_MIN, INT32_MAX));
-  p.top_k = int(f.get_int("top-k", p.top_k, INT32_MIN, INT32_MAX));
-  p.top_p = float(f.get_double("top-p", p.top_p, -1e30, 1e30));
+  // The ranges the flags accept, so that a value past them is named with them (--max-tokens 2147483648 said
+  // "must be in [-2147483648, 2147483647]", and -1 is refused); top_p's open end at 0 is validate()'s.
+  p.temperature = float(f.get_double("temperature", p.temperature, 0, 1e30));
+  p.max_tokens = int(f.get_int("max-tokens", p.max_tokens, 1, INT32_MAX));
+  p.top_k = int(f.get_int("top-k", p.top_k, 0, INT32_MAX));
+  p.top_p = float(f.get_double("top-p", p.top_p, 0, 1));
   p.ignore_eos = f.has("ignore-eos");
   try {
     p.validate();  // "temperature must be >= 0 ...", naming the value
