@@ -674,6 +674,22 @@ TEST(E2E_Reliability, BenchOnASmallVocabularyNamesIt) {
   EXPECT_TRUE(test::is_one_error_line(error)) << error;
 }
 
+TEST(E2E_Reliability, AFileTooLargeToReadWholeIsNamed) {
+  // A 9 GB config.json (or --file) was read until the memory ran out: "error: out of memory", no file named.
+  // A sparse file of 2 GiB takes no disk.
+  ScratchDir dir;
+  copy_model_editing_config(kModelA, dir.path, [](Json&) {});
+  ASSERT_EQ(truncate((dir.path + "/config.json").c_str(), 2LL << 30), 0);
+  auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: cannot read: 2147483648 bytes, more than the 1 GiB a file "
+                   "read whole may hold\n");
+  r = run_nanovllm("bench-tokenizer --file " + dir.path + "/config.json");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: cannot read: 2147483648 bytes, more than the 1 GiB a file "
+                   "read whole may hold\n");
+}
+
 TEST(E2E_Reliability, StdinClosedOrWithoutAnEndOfLineIsNamed) {
   // A closed stdin read as empty (exit 0); a stream with no newline (/dev/zero) grew one line without
   // bound until the memory ran out.

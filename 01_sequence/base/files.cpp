@@ -17,12 +17,22 @@ std::string read_file(const std::string& path) {
   // file is read (a path that does not exist falls through to fopen's own error).
   struct stat st;
   if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
+  const auto too_large = [&](long long bytes) {
+    fail(path, ": cannot read: ", bytes, " bytes, more than the ", kMaxReadFileBytes >> 30, " GiB a file read whole may hold");
+  };
+  if (stat(path.c_str(), &st) == 0 && st.st_size > kMaxReadFileBytes) too_large(st.st_size);
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(path, ": cannot read: ", std::strerror(errno));
   std::string text;
   char chunk[1 << 16];
   size_t n;
-  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
+  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) {
+    if (text.size() + n > size_t(kMaxReadFileBytes)) {  // a file that grew while it was read
+      std::fclose(f);
+      too_large((long long)(text.size() + n));
+    }
+    text.append(chunk, n);
+  }
   const bool failed = std::ferror(f);
   std::fclose(f);
   if (failed) fail(path, ": read failed");

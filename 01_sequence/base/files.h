@@ -8,7 +8,10 @@
 namespace nanovllm {
 
 // The whole file as bytes. Throws Error "PATH: cannot read: <reason>", also for a directory, a FIFO or a
-// device (only a regular file is read).
+// device (only a regular file is read), and for a file past kMaxReadFileBytes: the files read whole are
+// configs, tokenizers and prompts (Qwen3's tokenizer.json, the largest, is 11 MB), so a bigger one is the
+// wrong file, named here rather than as "out of memory" once it has filled the memory.
+constexpr long long kMaxReadFileBytes = 1LL << 30;
 std::string read_file(const std::string& path);
 
 // Writes `text` to PATH.tmp.<pid>, then renames it over `path`: a reader never sees half a file.
