@@ -329,7 +329,16 @@ TEST(E2E_Cli, EveryCommandTakesHelpAndFlagEqualsValue) {
     auto r = run_nanovllm(std::string(command) + " --help");
     EXPECT_EQ(r.exit_code, 0) << command << ": " << r.err;
     EXPECT_EQ(r.out.rfind(std::string("usage: nanovllm ") + command, 0), 0u) << command << ": " << r.out;
+    // `help COMMAND` says the same.
+    auto h = run_nanovllm(std::string("help ") + command);
+    EXPECT_EQ(h.exit_code, 0) << command << ": " << h.err;
+    EXPECT_EQ(h.out, r.out) << command;
   }
+  // `help nosuch` printed the general help, exit 0.
+  auto unknown = run_nanovllm("help nosuch");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(unknown.err, "error: unknown command 'nosuch' (try: nanovllm help)\n");
+  EXPECT_EQ(unknown.out, "");
   // --flag=value means --flag value; a switch takes no value.
   const std::string a = " --device cpu --model " + golden_model("tiny-qwen3-a") + " --temperature 0 ";
   auto spaced = run_nanovllm("generate" + a + "--prompt-ids 1,2,3 --max-tokens 3");

@@ -155,7 +155,8 @@ int attention_version_from(const Flags& flags) {
 std::string engine_options_help() {
   const std::string last_attention = std::to_string(attention_versions().size() - 1);
   const std::string linear_range = std::to_string(kLinearVersionMin) + "-" + std::to_string(kLinearVersionMax);
-  return "engine options: --device cpu|cuda --max-num-seqs N --max-num-batched-tokens N --max-model-len N\n"
+  return "engine options: --device cpu|cuda --tokenizer DIR (default: the model's folder) --max-num-seqs N\n"
+         "                --max-num-batched-tokens N --max-model-len N\n"
          "                --gpu-memory-utilization F --cpu-memory-mib N --block-size N (multiple of 16) --kv-cache-blocks N\n"
          "                --enforce-eager --tensor-parallel-size N --attention-version N (0-" + last_attention +
          ": chapter 05's kernels;\n"
@@ -172,7 +173,8 @@ std::string engine_options_help() {
          "                --collectives spin|events (how GPU tensor-parallel ranks meet: spin, the default, one-shot\n"
          "                kernels that wait on flags; events, CUDA events and a host barrier, eager only, for\n"
          "                compute-sanitizer)\n"
-         "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` shows one command\n";
+         "flags take their value as `--flag value` or `--flag=value`; `nanovllm COMMAND --help` (or `nanovllm help\n"
+         "COMMAND`) shows one command\n";
 }
 
 int linear_version_from(const Flags& flags) {

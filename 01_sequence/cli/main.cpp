@@ -136,6 +136,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+    // `help COMMAND` is `COMMAND --help`; a name that is no command is an error, not the general help.
+    if (argc == 3) {
+      for (const Command& c : commands())
+        if (!std::strcmp(argv[2], c.name)) {
+          std::printf("usage: nanovllm %s\n", c.usage);
+          if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
+          if (std::fflush(stdout) == 0) return 0;
+          std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+          return 1;
+        }
+      std::fprintf(stderr, "error: unknown command '%s' (try: nanovllm help)\n", one_line(argv[2]).c_str());
+      return 2;
+    }
+    if (argc > 3) {
+      std::fprintf(stderr, "error: help takes at most one command name\n");
+      return 2;
+    }
     print_usage(stdout);
     if (std::fflush(stdout) == 0) return 0;
     std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
