@@ -162,11 +162,11 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
     const Json* group = config.optional(group_name);
     if (!group) continue;
     const FieldReader rope(*group, path, group_name);
-    const Json* type = rope.optional("rope_type");
-    if (!type) type = rope.optional("type");
-    if (type && rope.as_string("rope_type", *type) != "default")
-      fail(path, ": field '", group_name, ".rope_type' is '", type->as_string(),
-           "'; only default RoPE is supported");
+    // The key as the file spells it ("rope_type", or the older "type"), so that the error names what is there.
+    const char* type_key = rope.optional("rope_type") ? "rope_type" : "type";
+    const Json* type = rope.optional(type_key);
+    if (type && rope.as_string(type_key, *type) != "default")
+      fail(path, ": field '", group_name, ".", type_key, "' is '", type->as_string(), "'; only default RoPE is supported");
     if (const Json* theta = rope.optional("rope_theta")) {
       c.rope_theta = rope.as_number("rope_theta", *theta);
       have_theta = true;

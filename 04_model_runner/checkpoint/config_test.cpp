@@ -175,6 +175,8 @@ TEST(Ch04_Config, InconsistentOrUnsupportedValuesAreRefused) {
       {"rope_parameters", R"({"rope_theta":-1})", "rope_theta must be positive, got -1"},
       {"rope_parameters", R"({"rope_theta":1e6,"rope_type":"yarn","factor":4})",
        "field 'rope_parameters.rope_type' is 'yarn'; only default RoPE is supported"},
+      // The older spelling is named as written (it was reported as 'rope_scaling.rope_type').
+      {"rope_scaling", R"({"type":"linear","factor":2})", "field 'rope_scaling.type' is 'linear'; only default RoPE is supported"},
       {"hidden_act", "\"gelu\"", "field 'hidden_act' is 'gelu'; Qwen3 uses 'silu'"},
       {"attention_bias", "true", "attention_bias is true; Qwen3 has no attention bias (it has q_norm/k_norm instead)"},
       {"use_sliding_window", "true", "use_sliding_window is true; sliding-window attention is not supported"},
