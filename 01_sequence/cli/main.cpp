@@ -123,6 +123,16 @@ static std::string one_line(const char* message) {
   return line;
 }
 
+// `nanovllm COMMAND --help` (and `nanovllm help COMMAND`): the command's usage, and the engine options for
+// the commands that take them. Returns the exit code.
+static int print_command_help(const Command& c) {
+  std::printf("usage: nanovllm %s\n", c.usage);
+  if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
+  if (std::fflush(stdout) == 0) return 0;
+  std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
+  return 1;
+}
+
 int main(int argc, char** argv) {
   load_kernels_eagerly_for_tensor_parallelism(argc, argv);
   // A closed stdout would make every result vanish (and let the next file opened take descriptor 1):
@@ -139,13 +149,7 @@ int main(int argc, char** argv) {
     // `help COMMAND` is `COMMAND --help`; a name that is no command is an error, not the general help.
     if (argc == 3) {
       for (const Command& c : commands())
-        if (!std::strcmp(argv[2], c.name)) {
-          std::printf("usage: nanovllm %s\n", c.usage);
-          if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
-          if (std::fflush(stdout) == 0) return 0;
-          std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
-          return 1;
-        }
+        if (!std::strcmp(argv[2], c.name)) return print_command_help(c);
       std::fprintf(stderr, "error: unknown command '%s' (try: nanovllm help)\n", one_line(argv[2]).c_str());
       return 2;
     }
@@ -168,13 +172,7 @@ int main(int argc, char** argv) {
         i++;
         continue;
       }
-      if (arg == "--help" || arg == "-h") {
-        std::printf("usage: nanovllm %s\n", c.usage);
-        if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
-        if (std::fflush(stdout) == 0) return 0;
-        std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
-        return 1;
-      }
+      if (arg == "--help" || arg == "-h") return print_command_help(c);
     }
     try {
       nanovllm::Flags flags(argc - 2, argv + 2, c.value_flags, c.switches);
