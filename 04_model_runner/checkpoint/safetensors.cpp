@@ -268,8 +268,9 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     }
     for (const auto& [shard, names] : by_shard) {
       const std::string path = dir + "/" + shard;
-      if (!is_regular_file(path))
-        fail(index_path, ": shard '", shard, "' (of tensor '", names.front(), "') does not exist in ", dir);
+      if (!is_regular_file(path))  // '.' or '..' name the folder itself, a file name that is no file
+        fail(index_path, ": shard '", shard, "' (of tensor '", names.front(), "') ",
+             is_directory(path) ? "is a directory" : "does not exist", " in ", dir);
       SafetensorsFile file = SafetensorsFile::open(path);
       std::map<std::string_view, const TensorView*> in_file;
       for (const TensorView& view : file.tensors()) in_file[view.name] = &view;

@@ -392,6 +392,9 @@ TEST(Ch04_Safetensors, BrokenIndexGivesNamedErrors) {
   write_string(index, R"({"weight_map":{"x":"s1.safetensors","y":"s2.safetensors"}})");
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
             index + ": shard 's2.safetensors' (of tensor 'y') does not exist in " + dir.path());
+  write_string(index, R"({"weight_map":{"x":"s1.safetensors","y":"."}})");  // it said "does not exist"
+  EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
+            index + ": shard '.' (of tensor 'y') is a directory in " + dir.path());
   write_string(index, R"({"weight_map":{"x":"s1.safetensors","y":"s1.safetensors"}})");
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
             index + ": tensor 'y' is listed in shard 's1.safetensors', which does not hold it");
