@@ -635,14 +635,23 @@ TEST(E2E_Reliability, LogitsOfAPromptOfEveryPositionSayWhy) {
 
 // The faults below were found by a second round of hostile input (2026-12-05).
 
+namespace {
+
+// A usage error: exit 2, one line, starting "error: MESSAGE (usage: " (the command's usage follows).
+void expect_usage_error(const test::CommandResult& r, const std::string& message) {
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("error: " + message + " (usage: ", 0), 0u) << r.err;
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+}
+
+}  // namespace
+
 TEST(E2E_Reliability, AFlagOfOneValueGivenTwiceIsAUsageError) {
   // The last value won without a word: --max-tokens 2 --max-tokens 4 gave 4 tokens, --model twice ran the
   // second model. The lists (--prompt, --prompt-ids, --file) still repeat.
-  auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2 --max-tokens 4");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err.rfind("error: flag --max-tokens given twice ('2' and '4') (usage: ", 0), 0u) << r.err;
-  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
-  r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2 --prompt-ids 3 --max-tokens 1");
+  expect_usage_error(run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2 --max-tokens 4"),
+                     "flag --max-tokens given twice ('2' and '4')");
+  auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2 --prompt-ids 3 --max-tokens 1");
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
@@ -650,15 +659,11 @@ TEST(E2E_Reliability, AFlagOfOneValueGivenTwiceIsAUsageError) {
 
 TEST(E2E_Reliability, LogitsOfTwoPromptsAndAFlagWithoutItsValueAreUsageErrors) {
   // logits --prompt-ids 1 --prompt-ids 2 printed the logits of the second prompt alone, exit 0.
-  auto r = run_nanovllm("logits" + kCpuA + " --prompt-ids 1 --prompt-ids 2");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err.rfind("error: logits takes one --prompt-ids, got 2 (usage: ", 0), 0u) << r.err;
-  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+  expect_usage_error(run_nanovllm("logits" + kCpuA + " --prompt-ids 1 --prompt-ids 2"),
+                     "logits takes one --prompt-ids, got 2");
   // --max-tokens --prompt-ids 1 blamed '1' ("unexpected argument"); the flag without its value is named.
-  r = run_nanovllm("generate" + kCpuA + " --max-tokens --prompt-ids 1");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err.rfind("error: flag --max-tokens needs a value, got the flag '--prompt-ids' (usage: ", 0), 0u) << r.err;
-  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
+  expect_usage_error(run_nanovllm("generate" + kCpuA + " --max-tokens --prompt-ids 1"),
+                     "flag --max-tokens needs a value, got the flag '--prompt-ids'");
 }
 
 TEST(E2E_Reliability, BenchOnASmallVocabularyNamesIt) {
