@@ -15,12 +15,14 @@ std::string read_file(const std::string& path) {
   if (is_directory(path)) fail(path, ": cannot read: it is a directory");
   // A FIFO would block the open until a writer came, a device such as /dev/zero never end: only a regular
   // file is read (a path that does not exist falls through to fopen's own error).
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
   const auto too_large = [&](long long bytes) {
     fail(path, ": cannot read: ", bytes, " bytes, more than the ", kMaxReadFileBytes >> 30, " GiB a file read whole may hold");
   };
-  if (stat(path.c_str(), &st) == 0 && st.st_size > kMaxReadFileBytes) too_large(st.st_size);
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
+    if (st.st_size > kMaxReadFileBytes) too_large(st.st_size);
+  }
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(path, ": cannot read: ", std::strerror(errno));
   std::string text;
