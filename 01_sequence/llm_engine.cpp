@@ -17,7 +17,7 @@ namespace nanovllm {
 LLMEngine::LLMEngine(EngineConfig config) : config_(std::move(config)) {
   config_.validate();
   const std::string tokenizer_dir = config_.tokenizer.empty() ? config_.model : config_.tokenizer;
-  if (!config_.tokenizer.empty() || is_regular_file(tokenizer_dir + "/tokenizer.json"))
+  if (!config_.tokenizer.empty() || optional_file_exists(tokenizer_dir + "/tokenizer.json"))
     tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_dir));
   model_runner_ = std::make_unique<ModelRunner>(config_);  // sets num_kvcache_blocks, eos, max_model_len
   scheduler_ = std::make_unique<Scheduler>(config_);
@@ -115,7 +115,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   for (size_t i = 0; i < seqs.size(); i++)  // the sampler's -1: a NaN in the logits, or no finite maximum
     if (tokens[i] < 0 && !seqs[i]->is_finished())
       fail("step ", stats_.steps + 1, ": non-finite logits (NaN or Inf) for request ", seqs[i]->seq_id,
-           "; the checkpoint's weights may hold NaN or Inf");
+           ": the model's arithmetic overflowed (its weights are finite: loading checks every one)");
   std::vector<bool> was_finished;  // rows of sequences retired before this step ran: computed and dropped
   for (const Sequence* s : seqs) was_finished.push_back(s->is_finished());
   if (!next.empty()) scheduler_->finish_ahead(seqs, tokens, is_prefill);

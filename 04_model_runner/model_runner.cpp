@@ -34,6 +34,8 @@ ModelRunner::ModelRunner(EngineConfig& config)
 
   if (config.device.empty()) config.device = cuda_available() ? "cuda" : "cpu";
   if (config.device == "cpu" && config.enforce_eager) log("note: --enforce-eager changes nothing on the CPU, which has no CUDA graphs");
+  if (config.device == "cpu" && (config.attention_version >= 0 || config.linear_version != EngineConfig().linear_version))
+    log("note: --attention-version and --linear-version choose CUDA kernels; the CPU runs its reference code");
   // The stream-ordered collectives wait for each other through CUDA events across the ranks' streams,
   // which no rank's own graph can capture: they run eagerly (06_tensor_parallel/all_reduce_events.cu).
   const bool event_collectives = config.device == "cuda" && tp_size > 1 && config.collectives == "events";
@@ -140,8 +142,13 @@ void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallel
   r.backend = device_id >= 0 ? make_cuda_backend(device_id, config.attention_version, config.linear_version)
                              : make_cpu_backend();
   r.model = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*r.backend, checkpoint_, mc, tp, r.rank), tp, r.rank);
-  // The buffers below grow with the largest step (max_num_batched_tokens rows, max_num_seqs sequences), so
-  // running out of memory here is the settings' fault, not the model's: the error names them.
+  const auto fail_for_buffers = [&](const std::string& why) {
+    fail("the buffers for steps of up to ", max_tokens_, " tokens and ", max_seqs_, " sequences of up to ",
+         max_model_len_, " positions (max_num_batched_tokens, max_num_seqs, max_model_len): ", why);
+  };
+  // The buffers below grow with the largest step (max_num_batched_tokens rows, max_num_seqs sequences) and
+  // the longest sequence (max_model_len: RoPE's table, the block tables), so running out of memory here is
+  // the settings' fault, not the model's: the error names them.
   try {
     r.workspace = make_qwen3_workspace(*r.backend, mc, tp, max_tokens_, max_seqs_, max_model_len_);
     const AttentionShape shape = r.model->attention_shape(block_size_);
@@ -159,8 +166,9 @@ void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallel
   } catch (const Error& e) {
     const std::string what = e.what();  // Buffer's: "out of host/GPU memory ...", "cannot allocate ..."
     if (what.rfind("out of ", 0) != 0 && what.rfind("cannot allocate ", 0) != 0) throw;  // not an allocation's
-    fail("the buffers for steps of up to ", max_tokens_, " tokens and ", max_seqs_,
-         " sequences (max_num_batched_tokens, max_num_seqs): ", e.what());
+    fail_for_buffers(what);
+  } catch (const std::bad_alloc&) {  // a host-side table on its way to the device (RoPE's)
+    fail_for_buffers("out of host memory");
   }
 }
 
@@ -181,7 +189,8 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   // One block on one rank: 2 (K and V) x layers x block_size x this rank's kv heads x head_dim elements.
   const size_t rank_block_bytes = 2 * size_t(mc.num_hidden_layers) * block_size_ * heads.kv_dim() * dtype_size(kv_dtype);
   kv_block_bytes_ = rank_block_bytes * size_t(tp_size);
-  if (config.num_kvcache_blocks > 0) {
+  const bool blocks_given = config.num_kvcache_blocks > 0;  // --kv-cache-blocks
+  if (blocks_given) {
     num_blocks_ = config.num_kvcache_blocks;
   } else if (b0.device() == Device::CPU) {
     const double budget = double(config.cpu_memory_mib) * (1 << 20) * config.gpu_memory_utilization - double(allocated_bytes());
@@ -215,8 +224,12 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
       r->kv_storage = Buffer(r->backend->device(), rank_block_bytes * num_blocks_);
     } catch (const Error&) {
       if (r->backend->device() != Device::CPU) throw;
+      // The CPU's cache holds at least one sequence of max_model_len, however small its budget.
+      if (blocks_given || num_blocks_ > block_table_width_)
+        fail("cannot allocate ", (kv_block_bytes_ * num_blocks_) >> 20, " MiB for the KV cache on the CPU (", num_blocks_,
+             " blocks; use --kv-cache-blocks N to use less)");
       fail("cannot allocate ", (kv_block_bytes_ * num_blocks_) >> 20, " MiB for the KV cache on the CPU (", num_blocks_,
-           " blocks; use --kv-cache-blocks N to use less)");
+           " blocks, one sequence of max_model_len ", max_model_len_, "; use --max-model-len N to use less)");
     }
     char* base = static_cast<char*>(r->kv_storage.data());
     for (int l = 0; l < mc.num_hidden_layers; l++) {

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "01_sequence/base/bf16.h"
 #include "04_model_runner/layers.h"
@@ -19,12 +21,13 @@ namespace {
 
 class WeightLoader {
  public:
-  WeightLoader(Backend& backend, const Checkpoint& checkpoint, Qwen3Weights& weights)
-      : backend_(backend), checkpoint_(checkpoint), weights_(weights) {}
+  // `origin` says where the expected shapes come from, for a tensor of another shape.
+  WeightLoader(Backend& backend, const Checkpoint& checkpoint, Qwen3Weights& weights, std::string origin)
+      : backend_(backend), checkpoint_(checkpoint), weights_(weights), origin_(std::move(origin)) {}
 
   // A checkpoint tensor of the given shape, as fp32 on the host.
   std::vector<float> read(const std::string& name, std::vector<int64_t> shape) {
-    const TensorView& view = checkpoint_.get(name, shape);
+    const TensorView& view = checkpoint_.get(name, shape, origin_);
     std::vector<float> values(size_t(view.numel()));
     read_as_float(view, values.data());
     return values;
@@ -50,6 +53,7 @@ class WeightLoader {
   Backend& backend_;
   const Checkpoint& checkpoint_;
   Qwen3Weights& weights_;
+  std::string origin_;
 };
 
 }  // namespace
@@ -62,7 +66,10 @@ TensorParallelLayout tensor_parallel_layout(const ModelConfig& c, int tp_size) {
 Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, const ModelConfig& c,
                                 const TensorParallelLayout& tp, int tp_rank) {
   Qwen3Weights w;
-  WeightLoader loader(backend, checkpoint, w);
+  WeightLoader loader(backend, checkpoint, w,
+                      c.head_dim_absent ? "config.json, which has no head_dim: " + std::to_string(c.head_dim) +
+                                              ", transformers' default"
+                                        : "config.json");
   const int tp_size = tp.tp_size;
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size, I = c.intermediate_size;
   const int64_t q_rows = int64_t(c.num_attention_heads) * D, kv_rows = int64_t(c.num_key_value_heads) * D;

@@ -227,11 +227,18 @@ TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {
   const std::string greedy = "generate" + a + " --prompt-ids 1,2,3 --max-tokens 4 --temperature 0";
   auto plain = run_nanovllm(greedy);
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::string note = "note: --attention-version and --linear-version choose CUDA kernels; the CPU runs its reference code\n";
+  EXPECT_EQ(plain.err.find(note), std::string::npos) << plain.err;
   for (const char* version : {"1", "2", "3", "4", "5", "6", "7", "8"}) {
     auto v = run_nanovllm(greedy + " --linear-version=" + version);
     EXPECT_EQ(v.exit_code, 0) << v.err;
     EXPECT_EQ(v.out, plain.out) << "--linear-version " << version;
+    // A version other than the default is a request the CPU cannot honour: said, not silently ignored.
+    EXPECT_EQ(v.err.find(note) != std::string::npos, std::string(version) != "8") << version << ": " << v.err;
   }
+  auto attention = run_nanovllm(greedy + " --attention-version 3");
+  EXPECT_EQ(attention.out, plain.out);
+  EXPECT_NE(attention.err.find(note), std::string::npos) << attention.err;
   auto step = run_nanovllm("bench-step" + a + " --batch 1 --context 16 --iters 1 --linear-version 1");
   EXPECT_EQ(step.exit_code, 0) << step.err;
   auto help = run_nanovllm("bench-step --help");

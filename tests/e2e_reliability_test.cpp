@@ -94,7 +94,26 @@ void copy_model_editing_config(const std::string& from, const std::string& dir, 
   write_file(dir + "/config.json", config.dump());
 }
 
+// `object` without its member `key`.
+Json without_key(const Json& object, const std::string& key) {
+  Json out = Json::object();
+  for (const Json::Member& m : object.as_object())
+    if (m.first != key) out.set(m.first, m.second);
+  return out;
+}
+
 }  // namespace
+
+// For the tests that run the engine under `ulimit -v 1048576` (1 GiB of address space): AddressSanitizer
+// reserves more than that, and build/nanovllm of a CUDA build maps the CUDA libraries (cuBLASLt alone takes
+// most of 1 GiB), so that the limit would measure the libraries. The CPU-only build runs them.
+#if defined(__SANITIZE_ADDRESS__)
+#define SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN() GTEST_SKIP() << "AddressSanitizer reserves more address space"
+#elif defined(NANOVLLM_CUDA)
+#define SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN() GTEST_SKIP() << "the CUDA libraries take most of 1 GiB"
+#else
+#define SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN() (void)0
+#endif
 
 TEST(E2E_Reliability, HugeMaxTokensIsRefusedUpFront) {
   // 1 + 2147483647 overflowed an int: with a small cache the scheduler aborted (exit 134), without one
@@ -120,24 +139,43 @@ TEST(E2E_Reliability, TinyTemperatureIsGreedy) {
   }
 }
 
-TEST(E2E_Reliability, NonFiniteLogitsFailTheStep) {
-  // A NaN weight made every logit NaN, and NaN logits came out as token 0. Now the step fails, for
-  // generate and logits alike, and the error names the step and the request.
-  for (uint16_t poison : {uint16_t(0x7fc0), uint16_t(0x7f80)}) {  // bf16 NaN, +Inf
+TEST(E2E_Reliability, NonFiniteWeightsAreNamedAtLoad) {
+  // A NaN weight made every logit NaN, and NaN logits came out as token 0; then the first step failed
+  // without naming the weight. Now loading names the tensor and the element, before the run starts.
+  for (uint16_t poison : {uint16_t(0x7fc0), uint16_t(0xff80)}) {  // bf16 NaN, -Inf
     ScratchDir dir;
-    copy_model_a(dir.path, "model.norm.weight", [&](std::vector<uint8_t>& b) { std::memcpy(b.data(), &poison, 2); });
+    copy_model_a(dir.path, "model.norm.weight", [&](std::vector<uint8_t>& b) { std::memcpy(b.data() + 6, &poison, 2); });
     const std::string m = " --device cpu --model " + dir.path;
-    auto r = run_nanovllm("generate" + m + " --prompt-ids 1,2,3 --max-tokens 3 --ignore-eos");
-    EXPECT_EQ(r.exit_code, 1);
-    // The run had started (its first line names the device); the error is its last line, and its only one.
-    EXPECT_EQ(test::last_error_line(r.err),
-              "error: step 1: non-finite logits (NaN or Inf) for request 0; the checkpoint's weights may hold NaN or Inf\n");
-    EXPECT_EQ(r.out, "");
-    auto l = run_nanovllm("logits" + m + " --prompt-ids 1,2,3");
-    EXPECT_EQ(l.exit_code, 1);
-    EXPECT_NE(test::last_error_line(l.err), "") << l.err;
-    EXPECT_NE(l.err.find("non-finite logits"), std::string::npos) << l.err;
+    const std::string expected = "error: " + dir.path + "/model.safetensors: tensor 'model.norm.weight' holds " +
+                                 (poison == 0x7fc0 ? "a NaN" : "an infinity") + " (element 3 of 64)\n";
+    for (const std::string& command : {"generate" + m + " --prompt-ids 1,2,3 --max-tokens 3", "logits" + m + " --prompt-ids 1"}) {
+      auto r = run_nanovllm(command);
+      EXPECT_EQ(r.exit_code, 1) << command;
+      EXPECT_EQ(r.err, expected) << command;
+      EXPECT_EQ(r.out, "") << command;
+    }
   }
+}
+
+TEST(E2E_Reliability, NonFiniteLogitsFailTheStep) {
+  // Finite weights can still overflow: the final norm's weights at bf16's largest value (0x7f7f, ~3.39e38)
+  // send every hidden value above ~1.004 times the row's RMS past fp32's range, and the logits follow. The
+  // step fails, for generate and logits alike, and the error names the step and the request.
+  ScratchDir dir;
+  copy_model_a(dir.path, "model.norm.weight", [&](std::vector<uint8_t>& b) {
+    for (size_t i = 0; i + 1 < b.size(); i += 2) b[i] = 0x7f, b[i + 1] = 0x7f;
+  });
+  const std::string m = " --device cpu --model " + dir.path;
+  auto r = run_nanovllm("generate" + m + " --prompt-ids 1,2,3 --max-tokens 3 --ignore-eos");
+  EXPECT_EQ(r.exit_code, 1);
+  // The run had started (its first line names the device); the error is its last line, and its only one.
+  EXPECT_EQ(test::last_error_line(r.err), "error: step 1: non-finite logits (NaN or Inf) for request 0: the model's "
+                                          "arithmetic overflowed (its weights are finite: loading checks every one)\n");
+  EXPECT_EQ(r.out, "");
+  auto l = run_nanovllm("logits" + m + " --prompt-ids 1,2,3");
+  EXPECT_EQ(l.exit_code, 1);
+  EXPECT_NE(test::last_error_line(l.err), "") << l.err;
+  EXPECT_NE(l.err.find("non-finite logits"), std::string::npos) << l.err;
 }
 
 TEST(E2E_Reliability, IdsTheTokenizerLacksDecodeToNothing) {
@@ -431,14 +469,7 @@ TEST(E2E_Reliability, LogitsTakeAPromptOfExactlyMaxModelLen) {
 }
 
 TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
-#endif
-#ifdef NANOVLLM_CUDA
-  // build/nanovllm links the CUDA libraries, and mapping cuBLASLt alone takes most of 1 GiB of address
-  // space: the limit then measures the libraries, not the KV cache. The CPU-only build runs this test.
-  GTEST_SKIP() << "a CUDA build maps the CUDA libraries into most of a 1 GiB address space";
-#endif
+  SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN();
   // The CPU KV cache took a fixed 1 GiB, which failed under a 1 GiB address-space limit with no hint.
   // Now it is sized from the model (model A needs 128 MiB for 8 sequences of 4096 tokens).
   auto limited = [](const std::string& args) { return run_in_shell("ulimit -v 1048576 && ", args, ""); };
@@ -452,20 +483,15 @@ TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
 }
 
 TEST(E2E_Reliability, StepBuffersTooLargeNameTheSettingsThatSizeThem) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit";
-#endif
-#ifdef NANOVLLM_CUDA
-  GTEST_SKIP() << "a CUDA build maps the CUDA libraries into most of a 1 GiB address space";
-#endif
+  SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN();
   // `bench-step --batch 65536` said only "out of host memory allocating 43874 MiB": the step's buffers grow
   // with the largest step, and the error now names its rows and sequences.
   auto r = run_in_shell("ulimit -v 1048576 && ",
                         "generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2 --max-num-batched-tokens 16777216", "");
   EXPECT_EQ(r.exit_code, 1);
   const std::string& err = r.err;
-  EXPECT_EQ(err.rfind("error: the buffers for steps of up to 16777216 tokens and 512 sequences (max_num_batched_tokens, "
-                      "max_num_seqs): out of host memory allocating ",
+  EXPECT_EQ(err.rfind("error: the buffers for steps of up to 16777216 tokens and 512 sequences of up to 4096 positions "
+                      "(max_num_batched_tokens, max_num_seqs, max_model_len): out of host memory allocating ",
                       0),
             0u)
       << err;
@@ -669,26 +695,32 @@ TEST(E2E_Reliability, LogitsOfTwoPromptsAndAFlagWithoutItsValueAreUsageErrors) {
 TEST(E2E_Reliability, BenchOnASmallVocabularyNamesIt) {
   // bench.py's prompts draw ids up to 10,000; on a model of 512 ids the error blamed "request 1: token id
   // 6890", an id the user never gave.
+  // The error comes before the model is loaded: it is the run's only line.
   auto r = run_nanovllm("bench" + kCpuA + " --num-seqs 2 --max-input-len 100 --max-output-len 100");
   EXPECT_EQ(r.exit_code, 1);
-  const size_t at = r.err.find("error: ");
-  ASSERT_NE(at, std::string::npos) << r.err;
-  const std::string error = r.err.substr(at);
-  EXPECT_EQ(error.rfind("error: bench: bench.py's random prompts hold token ids up to ", 0), 0u) << error;
-  EXPECT_NE(error.find(", past this model's vocabulary of 512 ("), std::string::npos) << error;
-  EXPECT_TRUE(test::is_one_error_line(error)) << error;
+  EXPECT_EQ(r.err.rfind("error: bench: bench.py's random prompts hold token ids up to ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(", past this model's vocabulary of 512 ("), std::string::npos) << r.err;
+  EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
 }
 
 TEST(E2E_Reliability, AFileTooLargeToReadWholeIsNamed) {
   // A 9 GB config.json (or --file) was read until the memory ran out: "error: out of memory", no file named.
-  // A sparse file of 2 GiB takes no disk.
+  // A sparse file of 2 GiB takes no disk. JSON files have lower limits (a parsed JSON value takes up to ~65
+  // times its text: a 64 MB config.json took 4 GB).
   ScratchDir dir;
   copy_model_editing_config(kModelA, dir.path, [](Json&) {});
   ASSERT_EQ(truncate((dir.path + "/config.json").c_str(), 2LL << 30), 0);
   auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --prompt-ids 1");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: cannot read: 2147483648 bytes, more than the 1 GiB a file "
-                   "read whole may hold\n");
+  EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: cannot read: 2147483648 bytes, more than the 16 MiB a config "
+                   "file may hold\n");
+  ScratchDir tokenizer;
+  write_file(tokenizer.path + "/tokenizer.json", "");
+  ASSERT_EQ(truncate((tokenizer.path + "/tokenizer.json").c_str(), (64LL << 20) + 1), 0);
+  r = run_with_stdout("tokenize --tokenizer " + tokenizer.path, "\"hi\"\n", ">/dev/null");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + tokenizer.path + "/tokenizer.json: cannot read: 67108865 bytes, more than the 64 MiB a "
+                   "tokenizer file may hold\n");
   r = run_nanovllm("bench-tokenizer --file " + dir.path + "/config.json");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: cannot read: 2147483648 bytes, more than the 1 GiB a file "
@@ -739,4 +771,116 @@ TEST(E2E_Reliability, ChatRefusesATemplateThatIsNotQwens) {
   EXPECT_EQ(r.err, expected);  // before the model is loaded: nothing else printed
   r = run_nanovllm("generate --device cpu --tokenizer " + dir.path + " --prompt hi --max-tokens 1");  // no --chat
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The fourth round of hostile input (2026-12-05)
+
+TEST(E2E_Reliability, OptionalFilesThatAreNotFilesAreNamed) {
+  // A directory (or a link to nothing) where generation_config.json, a sharded checkpoint's index,
+  // tokenizer_config.json or chat_template.jinja may be was taken for "absent": generation_config.json's
+  // eos list, for one, was then dropped without a word.
+  ScratchDir model;
+  copy_model_editing_config(kModelA, model.path, [](Json&) {});
+  const std::string gen = model.path + "/generation_config.json";
+  const std::string generate = "generate --device cpu --model " + model.path + " --prompt-ids 1 --max-tokens 1";
+  ASSERT_EQ(std::remove(gen.c_str()), 0);
+  ASSERT_EQ(mkdir(gen.c_str(), 0755), 0);
+  auto r = run_nanovllm(generate);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + gen + ": cannot read: it is a directory\n");
+  ASSERT_EQ(rmdir(gen.c_str()), 0);
+  ASSERT_EQ(symlink((model.path + "/nowhere.json").c_str(), gen.c_str()), 0);
+  r = run_nanovllm(generate);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + gen + ": cannot read: a symbolic link that leads to no file (No such file or directory)\n");
+  ASSERT_EQ(std::remove(gen.c_str()), 0);
+  r = run_nanovllm(generate);  // absent: config.json's eos
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string index = model.path + "/model.safetensors.index.json";
+  ASSERT_EQ(mkdir(index.c_str(), 0755), 0);
+  r = run_nanovllm(generate);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + index + ": cannot read: it is a directory\n");
+
+  ScratchDir tokenizer;
+  const std::string real = data_dir() + "/qwen3-tokenizer";
+  write_file(tokenizer.path + "/tokenizer.json", read_file(real + "/tokenizer.json"));
+  ASSERT_EQ(mkdir((tokenizer.path + "/tokenizer_config.json").c_str(), 0755), 0);
+  r = run_with_stdout("tokenize --tokenizer " + tokenizer.path, "\"hi\"\n", ">/dev/null");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + tokenizer.path + "/tokenizer_config.json: cannot read: it is a directory\n");
+  ASSERT_EQ(rmdir((tokenizer.path + "/tokenizer_config.json").c_str()), 0);
+  write_file(tokenizer.path + "/tokenizer_config.json", read_file(real + "/tokenizer_config.json"));
+  ASSERT_EQ(mkdir((tokenizer.path + "/chat_template.jinja").c_str(), 0755), 0);
+  r = run_with_stdout("chat-template --tokenizer " + tokenizer.path, R"({"messages":[{"role":"user","content":"hi"}]})",
+                      ">/dev/null");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + tokenizer.path + "/chat_template.jinja: cannot read: it is a directory\n");
+}
+
+TEST(E2E_Reliability, JsonTooLargeForTheMemoryIsNamed) {
+  SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN();
+  // A config.json under its 16 MiB limit can still hold 7.5 million values (each "0," a 128-byte Json):
+  // past a 1 GiB address space the error was "out of memory", naming nothing.
+  ScratchDir dir;
+  copy_model_editing_config(kModelA, dir.path, [](Json&) {});
+  std::string text = read_file(dir.path + "/config.json");
+  std::string zeros = "0";
+  for (int i = 1; i < 7500000; i++) zeros += ",0";
+  text = text.substr(0, text.rfind('}')) + ", \"junk\": [" + zeros + "]}";
+  write_file(dir.path + "/config.json", text);
+  auto r = run_in_shell("ulimit -v 1048576 && ", "generate --device cpu --model " + dir.path + " --prompt-ids 1", "");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir.path + "/config.json: out of memory while parsing " + std::to_string(text.size()) +
+                       " bytes of JSON\n");
+}
+
+TEST(E2E_Reliability, ErrorLinesAreCutShort) {
+  // An error quoting a value whole quoted all of it: a 100,000-digit token id made a 100 KB line (and a
+  // shape of 4 million dimensions a 12 MB one). Past 2,000 bytes the line says how much it left out.
+  const std::string digits(100000, '9');
+  for (const char* command : {"hash-blocks", "detokenize"}) {
+    auto r = run_with_stdout(command, "[" + digits + "]\n", ">/dev/null");
+    EXPECT_EQ(r.exit_code, 1) << command;
+    EXPECT_TRUE(test::is_one_error_line(r.err)) << command;
+    EXPECT_LT(r.err.size(), 2100u) << command;
+    EXPECT_NE(r.err.find(" 99999999"), std::string::npos) << command;  // the start of the value is shown
+    EXPECT_NE(r.err.find(" more bytes)\n"), std::string::npos) << command << ": " << r.err.substr(r.err.size() - 40);
+  }
+  // A number with a fraction is named as one (1.0 was quoted as "got 1").
+  auto r = run_with_stdout("hash-blocks", "[1.0]\n", ">/dev/null");
+  EXPECT_EQ(r.err, "error: stdin line 1: token ids must be integers in [0, 2^31), got 1.0\n");
+}
+
+TEST(E2E_Reliability, AConfigWithoutHeadDimMeansTransformersDefault) {
+  // Without head_dim the engine took hidden_size / num_attention_heads, where transformers (and nano-vllm,
+  // which reads config.json through it) take Qwen3Config's default, 128: a checkpoint transformers loads was
+  // refused, and one it refuses was run.
+  ScratchDir a, b;
+  copy_model_editing_config(kModelA, a.path, [](Json& c) { c = without_key(c, "head_dim"); });
+  auto with = run_nanovllm("logits" + kCpuA + " --prompt-ids 1,2,3");
+  auto without = run_nanovllm("logits --device cpu --model " + a.path + " --prompt-ids 1,2,3");
+  ASSERT_EQ(with.exit_code, 0) << with.err;
+  EXPECT_EQ(without.exit_code, 0) << without.err;
+  EXPECT_EQ(without.out, with.out);  // model A's heads are of 128
+  const std::string model_b = test::data_path("golden/tiny-qwen3-b");  // heads of 64
+  copy_model_editing_config(model_b, b.path, [](Json& c) { c = without_key(c, "head_dim"); });
+  auto r = run_nanovllm("logits --device cpu --model " + b.path + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + b.path + "/model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has shape "
+                   "[384, 96], expected [768, 96] (from config.json, which has no head_dim: 128, transformers' default)\n");
+}
+
+TEST(E2E_Reliability, ACpuKvCacheOfOneLongSequenceNamesMaxModelLen) {
+  SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN();
+  // The CPU's KV cache holds one sequence of max_model_len at least, whatever its budget; when that did not
+  // fit, the error said to lower --kv-cache-blocks, which cannot go below it. Model A: 1 MiB a block of 256.
+  ScratchDir dir;
+  copy_model_editing_config(kModelA, dir.path, [](Json& c) { c.set("max_position_embeddings", 1000000); });
+  auto r = run_in_shell("ulimit -v 1048576 && ",
+                        "generate --device cpu --model " + dir.path + " --prompt-ids 1 --max-model-len 400000", "");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: cannot allocate 1563 MiB for the KV cache on the CPU (1563 blocks, one sequence of max_model_len "
+                   "400000; use --max-model-len N to use less)\n");
 }

@@ -26,7 +26,10 @@ template <class... Args>
 [[noreturn]] void fail(const Args&... args) {
   std::ostringstream message;
   (message << ... << args);
-  throw Error(message.str());
+  // what() is a C string: a NUL quoted from a file (JSON's "\u0000") would end the message there.
+  std::string text = message.str();
+  for (size_t at = text.find('\0'); at != std::string::npos; at = text.find('\0', at)) text.replace(at, 1, "\\x00");
+  throw Error(text);
 }
 
 // The folder of data files that `make` prepares beside the binaries: <folder of this executable>/data, so

@@ -11,17 +11,19 @@
 
 namespace nanovllm {
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, FileLimit limit) {
   if (is_directory(path)) fail(path, ": cannot read: it is a directory");
   // A FIFO would block the open until a writer came, a device such as /dev/zero never end: only a regular
   // file is read (a path that does not exist falls through to fopen's own error).
   const auto too_large = [&](long long bytes) {
-    fail(path, ": cannot read: ", bytes, " bytes, more than the ", kMaxReadFileBytes >> 30, " GiB a file read whole may hold");
+    const bool gib = limit.bytes % (1LL << 30) == 0;
+    fail(path, ": cannot read: ", bytes, " bytes, more than the ", limit.bytes >> (gib ? 30 : 20), gib ? " GiB " : " MiB ",
+         limit.kind, " may hold");
   };
   struct stat st;
   if (stat(path.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
-    if (st.st_size > kMaxReadFileBytes) too_large(st.st_size);
+    if (st.st_size > limit.bytes) too_large(st.st_size);
   }
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail(path, ": cannot read: ", std::strerror(errno));
@@ -29,7 +31,7 @@ std::string read_file(const std::string& path) {
   char chunk[1 << 16];
   size_t n;
   while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) {
-    if (text.size() + n > size_t(kMaxReadFileBytes)) {  // a file that grew while it was read
+    if (text.size() + n > size_t(limit.bytes)) {  // a file that grew while it was read
       std::fclose(f);
       too_large((long long)(text.size() + n));
     }
@@ -50,6 +52,18 @@ void write_file(const std::string& path, const std::string& text) {
 bool is_regular_file(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool optional_file_exists(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    fail(path, ": cannot read: ", std::strerror(errno));
+  }
+  if (stat(path.c_str(), &st) != 0) fail(path, ": cannot read: a symbolic link that leads to no file (", std::strerror(errno), ")");
+  if (S_ISDIR(st.st_mode)) fail(path, ": cannot read: it is a directory");
+  if (!S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
+  return true;
 }
 
 bool is_directory(const std::string& path) {

@@ -2,8 +2,10 @@
 // and the writer.
 #include "01_sequence/base/json.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <new>
 
 #include "01_sequence/base/common.h"
 #include "01_sequence/base/utf8.h"
@@ -262,7 +264,11 @@ class JsonParser {
 };
 
 Json Json::parse(std::string_view text, std::string_view source) {
-  return JsonParser(text, source).parse_document();
+  try {
+    return JsonParser(text, source).parse_document();
+  } catch (const std::bad_alloc&) {  // the tree is freed by now, so the message can be built
+    fail(source, ": out of memory while parsing ", text.size(), " bytes of JSON");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -433,6 +439,9 @@ void Json::dump_to(std::string& out) const {
       } else {
         auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, number_);
         out.append(buffer, end);
+        // A double stays a double when read back: 1.0 is written "1.0", as Python writes it, not "1", which
+        // reads back as an integer (and an error quoting it would call 1.0 the integer 1).
+        if (std::find_if(buffer, end, [](char c) { return c == '.' || c == 'e'; }) == end) out += ".0";
       }
       break;
     }

@@ -21,7 +21,8 @@ class Json {
   using Member = std::pair<std::string, Json>;
 
   // Parses one JSON text. `source` names it in error messages (a file name, "stdin line 3", ...).
-  // Throws Error on malformed input, or when nesting is deeper than 512 levels.
+  // Throws Error on malformed input, when nesting is deeper than 512 levels, or when the tree does not fit
+  // in memory ("SOURCE: out of memory while parsing N bytes of JSON").
   static Json parse(std::string_view text, std::string_view source);
 
   // Builders, for writing.
@@ -63,8 +64,8 @@ class Json {
 
   // Compact serialisation (no spaces); strings as UTF-8, with invalid bytes replaced by U+FFFD so that
   // the output is always valid JSON. Numbers: integers exactly, doubles in the shortest form that reads
-  // back to the same double, and a parsed number that no double holds (1e400, an integer past 64 bits) as
-  // its text.
+  // back to the same double and still a double (1.0 as "1.0"), and a parsed number that no double holds
+  // (1e400, an integer past 64 bits) as its text.
   std::string dump() const;
   void dump_to(std::string& out) const;
 

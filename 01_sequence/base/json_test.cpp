@@ -144,7 +144,21 @@ TEST(Ch01_Json, RandomDoublesRoundTrip) {
     if (!std::isfinite(d)) continue;
     Json back = Json::parse(Json(d).dump(), "t");
     ASSERT_EQ(back.as_double(), d) << Json(d).dump();
+    ASSERT_FALSE(back.is_integer()) << Json(d).dump();  // a double reads back as a double, 2.0 included
   }
+}
+
+TEST(Ch01_Json, DoublesWithoutAFractionAreWrittenAsDoubles) {
+  // 1.0 was written "1", which reads back as an integer, and an error quoting a token id of 1.0 said "got 1".
+  EXPECT_EQ(Json(1.0).dump(), "1.0");
+  EXPECT_EQ(Json(-2.0).dump(), "-2.0");
+  EXPECT_EQ(Json(0.0).dump(), "0.0");
+  EXPECT_EQ(Json(100.0).dump(), "100.0");
+  EXPECT_EQ(Json(1e6).dump(), "1e+06");  // the shortest form, which has an exponent
+  EXPECT_EQ(Json(1e20).dump(), "1e+20");  // an exponent already says double
+  EXPECT_EQ(Json(0.5).dump(), "0.5");
+  EXPECT_EQ(Json(int64_t(1)).dump(), "1");
+  EXPECT_EQ(Json::parse("[1.0,1e2,7]", "t").dump(), "[1.0,100.0,7]");
 }
 
 TEST(Ch01_Json, NumbersADoubleCannotHoldReadAsPythonAndWriteAsTheyWereRead) {

@@ -174,20 +174,22 @@ int cmd_bench(const Flags& flags) {
   config.overlap_steps = !flags.has("no-overlap");
   config.seed = flags.get_uint64("seed", 0);
 
+  // bench.py's ids go up to 10,000 whatever the model (Qwen3's vocabulary has 151,936): a smaller vocabulary is
+  // named here, not as "request 1: token id 6890 is outside the vocabulary", an id the user never gave, and
+  // before the model is loaded, so that the error is the run's only line.
+  int32_t largest_id = 0;
+  for (const auto& p : prompts) largest_id = std::max(largest_id, *std::max_element(p.begin(), p.end()));
+  const int vocab_size = ModelConfig::load(model).vocab_size;
+  if (largest_id >= vocab_size)
+    fail("bench: bench.py's random prompts hold token ids up to ", largest_id, ", past this model's vocabulary of ",
+         vocab_size, " (", model, "); bench needs a vocabulary of more than 10,000 ids");
+
   auto t_load = std::chrono::steady_clock::now();
   LLMEngine engine(config);
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   std::fprintf(stderr, "model %s on %s: %d KV blocks of %d tokens (%.1f GiB), loaded in %.1f s\n", model.c_str(),
                engine.config().device.c_str(), engine.config().num_kvcache_blocks, config.kvcache_block_size,
                double(engine.model_runner().kv_cache_bytes()) / (1 << 30), load_seconds);
-
-  // bench.py's ids go up to 10,000 whatever the model (Qwen3's vocabulary has 151,936): a smaller vocabulary is
-  // named here, not as "request 1: token id 6890 is outside the vocabulary", an id the user never gave.
-  int32_t largest_id = 0;
-  for (const auto& p : prompts) largest_id = std::max(largest_id, *std::max_element(p.begin(), p.end()));
-  if (largest_id >= engine.vocab_size())
-    fail("bench: bench.py's random prompts hold token ids up to ", largest_id, ", past this model's vocabulary of ",
-         engine.vocab_size(), " (", model, "); bench needs a vocabulary of more than 10,000 ids");
 
   // Warm-up, as bench.py: one short request with default sampling (temperature 1, 64 tokens).
   engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3}}, {SamplingParams()});

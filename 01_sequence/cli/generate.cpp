@@ -111,7 +111,7 @@ int cmd_generate(const Flags& flags) {
   const EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
   // Before the model is loaded: a tokenizer folder whose chat template is not Qwen3's fails at once.
   const std::string tokenizer_dir = config.tokenizer.empty() ? config.model : config.tokenizer;
-  if (flags.has("chat") && is_regular_file(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
+  if (flags.has("chat") && optional_file_exists(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
   LLMEngine engine(config);
   const Tokenizer* tokenizer = engine.tokenizer();
   if (any_text && !tokenizer)

@@ -104,10 +104,17 @@ static void load_kernels_eagerly_for_tensor_parallelism(int argc, char** argv) {
 
 // An error message as one line: a name or value quoted from a file or the command line may hold a newline
 // or another control character, which would start a second line without "error: ". Each is written as an
-// escape (\n, \r, \t, or \xHH); every other byte, UTF-8 included, as it is.
+// escape (\n, \r, \t, or \xHH); every other byte, UTF-8 included, as it is. A value quoted whole may also
+// be megabytes long (a 100,000-digit token id): past kMaxErrorBytes the line ends with how much was left out.
 static std::string one_line(const char* message) {
+  constexpr size_t kMaxErrorBytes = 2000;
+  size_t length = std::strlen(message), shown = length;
+  if (length > kMaxErrorBytes) {
+    shown = kMaxErrorBytes;
+    while (shown > 0 && (static_cast<unsigned char>(message[shown]) & 0xC0) == 0x80) shown--;  // a whole character
+  }
   std::string line;
-  for (const char* p = message; *p; p++) {
+  for (const char* p = message; p < message + shown; p++) {
     const unsigned char c = static_cast<unsigned char>(*p);
     if (c == '\n') line += "\\n";
     else if (c == '\r') line += "\\r";
@@ -120,6 +127,7 @@ static std::string one_line(const char* message) {
       line += char(c);
     }
   }
+  if (shown < length) line += " ... (" + std::to_string(length - shown) + " more bytes)";
   return line;
 }
 

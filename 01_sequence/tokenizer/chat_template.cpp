@@ -140,14 +140,14 @@ ChatRequest parse_chat_request(const Json& request) {
 
 void check_chat_template(const std::string& dir) {
   std::string source = dir + "/chat_template.jinja", text;
-  if (is_regular_file(source)) {  // transformers 5 saves the template apart, and reads it first
-    text = read_file(source);
+  if (optional_file_exists(source)) {  // transformers 5 saves the template apart, and reads it first
+    text = read_file(source, kConfigFile);
   } else {
     source = dir + "/tokenizer_config.json";
-    if (!is_regular_file(source))
+    if (!optional_file_exists(source))
       fail(dir, ": no chat template (neither chat_template.jinja nor tokenizer_config.json); --chat and "
                 "chat-template render Qwen3's");
-    const Json config = Json::parse(read_file(source), source);
+    const Json config = Json::parse(read_file(source, kConfigFile), source);
     const Json* found = config.is_object() ? config.find("chat_template") : nullptr;
     if (!found || found->is_null()) fail(source, ": no chat_template (--chat and chat-template render Qwen3's)");
     bool named_default = false;
@@ -162,6 +162,13 @@ void check_chat_template(const std::string& dir) {
   }
   if (text.find("<|im_start|>") == std::string::npos)
     fail(source, ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is implemented");
+  // ChatML alone is not enough: Qwen2.5's template, for one, adds a default system prompt. What
+  // apply_chat_template implements is Qwen3's hybrid-thinking template, which splits an answer's reasoning
+  // at </think> and reads enable_thinking.
+  for (const char* mark : {"</think>", "enable_thinking"})
+    if (text.find(mark) == std::string::npos)
+      fail(source, ": the chat template is ChatML but not Qwen3's (no ", mark,
+           "); only Qwen3's hybrid-thinking template is implemented");
 }
 
 }  // namespace nanovllm

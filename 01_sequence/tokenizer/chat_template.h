@@ -49,8 +49,10 @@ ChatRequest parse_chat_request(const Json& request);
 // For --chat and chat-template, which render Qwen3's template: throws Error naming the file when the
 // tokenizer folder `dir` has no chat template (chat_template.jinja, or else tokenizer_config.json's
 // "chat_template", a string or a list with a "default" entry: where transformers looks), or one that is
-// not in Qwen's ChatML layout (no <|im_start|>), since rendering Qwen3's would then give the model
-// another prompt than transformers would. Another ChatML template passes, and is rendered as Qwen3's.
+// not Qwen3's hybrid-thinking template, since rendering Qwen3's would then give the model another prompt
+// than transformers would: not ChatML (no <|im_start|>), or ChatML without what Qwen3's reads and writes
+// of the thinking (no </think>, as Qwen2.5's, or no enable_thinking, the switch Qwen3's hybrid models
+// have). A template that has all three is taken for Qwen3's, and rendered as it.
 void check_chat_template(const std::string& dir);
 
 }  // namespace nanovllm

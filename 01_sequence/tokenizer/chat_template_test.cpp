@@ -136,16 +136,31 @@ TEST(Ch01_ChatTemplate, Errors) {
 }
 
 TEST(Ch01_ChatTemplate, ATokenizerMustHoldQwensChatMlLayout) {
-  // Qwen3's template was rendered whatever the tokenizer folder held, or without any template.
+  // Qwen3's template was rendered whatever the tokenizer folder held, or without any template; then for any
+  // template with <|im_start|> in it (until 2026-12-05). Now it must also have what Qwen3's hybrid template
+  // reads and writes of the thinking, </think> and enable_thinking.
   test::TempDir dir;
+  const std::string qwen3_like = "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}{# </think> enable_thinking #}";
   auto error_with = [&](const std::string& config) {
     write_file(dir / "tokenizer_config.json", config);
     return test::error_of([&] { check_chat_template(dir.path()); });
   };
   const std::string config_path = dir / "tokenizer_config.json";
-  EXPECT_EQ(error_with(R"({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"})"), "");
+  auto config_with = [](const std::string& chat_template) {
+    Json config = Json::object();
+    config.set("chat_template", chat_template);
+    return config.dump();
+  };
+  EXPECT_EQ(error_with(config_with(qwen3_like)), "");
   EXPECT_EQ(error_with(R"({"chat_template": [{"name": "tool_use", "template": "x"},
-                                             {"name": "default", "template": "<|im_start|>"}]})"), "");
+                                             {"name": "default", "template": "<|im_start|></think>enable_thinking"}]})"), "");
+  // ChatML, but not Qwen3's: Qwen2.5's has no </think>; a template without the switch is not the hybrid one.
+  EXPECT_EQ(error_with(config_with("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}")),
+            config_path + ": the chat template is ChatML but not Qwen3's (no </think>); only Qwen3's hybrid-thinking "
+                          "template is implemented");
+  EXPECT_EQ(error_with(config_with("<|im_start|>{% if '</think>' in content %}{% endif %}")),
+            config_path + ": the chat template is ChatML but not Qwen3's (no enable_thinking); only Qwen3's "
+                          "hybrid-thinking template is implemented");
   EXPECT_EQ(error_with("{}"), config_path + ": no chat_template (--chat and chat-template render Qwen3's)");
   EXPECT_EQ(error_with(R"({"chat_template": "{% for m in messages %}[INST] {{ m.content }}{% endfor %}"})"),
             config_path + ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is "
@@ -159,7 +174,7 @@ TEST(Ch01_ChatTemplate, ATokenizerMustHoldQwensChatMlLayout) {
   EXPECT_EQ(error_with(R"({"chat_template": 5})"),
             config_path + ": chat_template: expected a string, or a list with a \"default\" entry, got 5");
   // transformers 5 saves the template as chat_template.jinja, which it reads first.
-  write_file(dir / "chat_template.jinja", "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}");
+  write_file(dir / "chat_template.jinja", qwen3_like);
   EXPECT_EQ(error_with("{}"), "");
   write_file(dir / "chat_template.jinja", "[INST]");
   EXPECT_EQ(error_with("{}"), dir / "chat_template.jinja" +

@@ -260,7 +260,9 @@ namespace {
 constexpr const char* kQwenPattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-constexpr int32_t kMaxTokenId = (1 << 24) - 1;  // far above any real vocabulary; bounds the tables
+// Ids index dense tables of ~65 bytes an id (tokens_, bytes_, kind_), so one stray large id would cost its
+// whole range: 2^21 ids are 136 MB, eight times the largest real vocabularies (Gemma's 262,144).
+constexpr int32_t kMaxTokenId = (1 << 21) - 1;
 
 // The bytes a token string stands for: each character mapped back through the byte map. A token with a
 // character outside the map (an added token such as "<|im_start|>" could have one) stands for its own
@@ -304,11 +306,11 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   std::string path = dir + "/tokenizer.json";
   std::string config_path = dir + "/tokenizer_config.json";
   std::string config;
-  if (is_regular_file(config_path)) {
-    config = read_file(config_path);
+  if (optional_file_exists(config_path)) {
+    config = read_file(config_path, kConfigFile);
     if (config.empty()) fail(config_path, ": the file is empty (a JSON object was expected)");
   }
-  return from_json(read_file(path), path, config, config_path);
+  return from_json(read_file(path, kTokenizerFile), path, config, config_path);
 }
 
 Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view source,
@@ -342,6 +344,23 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
         tok.eos_token_id_ = id;
       } catch (const Error& e) {
         fail(config_source, ": eos_token: ", e.what());
+      }
+    }
+    // transformers also adds each token of added_tokens_decoder that tokenizer.json lacks (at the next free
+    // id). This tokenizer reads tokenizer.json alone, so such a token would be plain text here and one id
+    // there: refused by name, as is an id that tokenizer.json gives to another token.
+    if (const Json* decoder = config.find("added_tokens_decoder"); decoder && !decoder->is_null()) {
+      std::string where = "added_tokens_decoder";
+      try {
+        for (const auto& [key, entry] : decoder->as_object()) {
+          where = "added_tokens_decoder['" + key + "']";
+          const std::string& content = entry.at("content").as_string();
+          const std::optional<int32_t> id = tok.token_to_id(content);
+          if (!id) fail("'", content, "' is not a token of ", source, " (only its tokens are read)");
+          if (std::to_string(*id) != key) fail("'", content, "' is id ", *id, " in ", source);
+        }
+      } catch (const Error& e) {
+        fail(config_source, ": ", where, ": ", e.what());
       }
     }
   }
@@ -424,6 +443,9 @@ void Tokenizer::load_model(const Json& model, std::string_view source) {
       int64_t id = value.as_int64();
       if (id < 0 || id > kMaxTokenId) fail("id ", id, " is out of range [0, ", kMaxTokenId, "]");
       if (token.empty()) fail("empty token");
+      // JSON allows a repeated key; Hugging Face's reader keeps the last id, and the first is left with no token.
+      if (const auto seen = token_ids_.find(token); seen != token_ids_.end())
+        fail("the token appears twice (ids ", seen->second, " and ", id, ")");
       set_token(int32_t(id), token, false);
     }
     where = "model.vocab";

@@ -486,6 +486,12 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
       {"[[\"a\",\"b\"]]", "[[\"a\",\"b\"],\"a b\"]", "model.merges[1]: 'a b' is listed twice (also at 0)"},
       {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":300,\"content\":\"<x>\"},{\"id\":301,\"content\":\"<x>\"}]",
        "added_tokens[1]: '<x>' is also added as id 300"},
+      // Found by the fourth round (2026-12-05). A token twice in the vocabulary (Hugging Face keeps the
+      // last id, and the first then decodes to nothing); an id whose dense tables would take a GB.
+      {"\"ab\":256", "\"ab\":256,\"b\":300", "model.vocab['b']: the token appears twice (ids 98 and 300)"},
+      {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":16777215,\"content\":\"<x>\"}]",
+       "added_tokens[0]: id 16777215 is out of range [0, 2097151]"},
+      {"\"ab\":256", "\"ab\":2097152", "model.vocab['ab']: id 2097152 is out of range [0, 2097151]"},
   };
   for (const Case& c : cases) {
     std::string bad = good;
@@ -505,6 +511,25 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
   EXPECT_NE(error_of([&] { Tokenizer::from_json(good, "t.json", "{\"eos_token\": \"<nope>\"}", "c.json"); })
                 .find("c.json: eos_token: not a token: '<nope>'"),
             std::string::npos);
+}
+
+TEST(Ch01_TokenizerLoad, AddedTokensOfTheConfigMustBeTokenizerJsons) {
+  // transformers adds a token of tokenizer_config.json's added_tokens_decoder that tokenizer.json lacks; this
+  // tokenizer reads tokenizer.json alone, so "a<new>b" would be text here and one id there (accepted until
+  // the fourth round of hostile input, 2026-12-05).
+  const std::string json = tiny_tokenizer_json({}, {}, {{"<end>", 300}});
+  auto error_with = [&](const std::string& decoder) {
+    return error_of([&] { Tokenizer::from_json(json, "t.json", "{\"added_tokens_decoder\": " + decoder + "}", "c.json"); });
+  };
+  EXPECT_EQ(error_with(R"({"300": {"content": "<end>", "special": true}})"), "");
+  EXPECT_EQ(error_with(R"({"97": {"content": "a"}})"), "");  // a token of the vocabulary, listed: as tokenizer.json
+  EXPECT_EQ(error_with("null"), "");
+  EXPECT_EQ(error_with(R"({"301": {"content": "<new>", "special": true}})"),
+            "c.json: added_tokens_decoder['301']: '<new>' is not a token of t.json (only its tokens are read)");
+  EXPECT_EQ(error_with(R"({"301": {"content": "<end>"}})"), "c.json: added_tokens_decoder['301']: '<end>' is id 300 in t.json");
+  EXPECT_EQ(error_with(R"({"300": {"special": true}})"), "c.json: added_tokens_decoder['300']: missing field 'content'");
+  // The real Qwen3 files agree with each other.
+  EXPECT_EQ(error_of([] { Tokenizer::load(data_dir() + "/qwen3-tokenizer"); }), "");
 }
 
 TEST(Ch01_TokenizerLoad, ConfigOptionsThatChangeTheOutputAreRefusedWhenOn) {

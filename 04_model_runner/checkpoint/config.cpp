@@ -109,7 +109,7 @@ std::string pretty_object(const Json& object) {
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  const Json root = Json::parse(read_file(path), path);
+  const Json root = Json::parse(read_file(path, kConfigFile), path);
   const FieldReader config(root, path);
   ModelConfig c;
 
@@ -121,6 +121,16 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
     is_qwen3 |= config.as_string("architectures", a) == "Qwen3ForCausalLM";
   if (!is_qwen3)
     fail(path, ": architectures is ", architectures.dump(), "; only Qwen3ForCausalLM is supported");
+  // transformers builds the config class model_type names (qwen3_moe's has experts that the layout below
+  // does not read), and a quantized checkpoint's weights are not the floats this loader reads.
+  if (const Json* type = config.optional("model_type"); type && config.as_string("model_type", *type) != "qwen3")
+    fail(path, ": field 'model_type' is '", type->as_string(), "'; only 'qwen3' is supported");
+  if (const Json* quantization = config.optional("quantization_config")) {
+    const Json* method = quantization->find("quant_method");
+    fail(path, ": field 'quantization_config' is present",
+         method && method->is_string() ? " (quant_method '" + method->as_string() + "')" : std::string(),
+         "; quantized checkpoints are not supported");
+  }
 
   c.vocab_size = config.size("vocab_size");
   c.hidden_size = config.size("hidden_size");
@@ -134,14 +144,14 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     fail(path, ": num_attention_heads (", c.num_attention_heads, ") must be a multiple of num_key_value_heads (",
          c.num_key_value_heads, ")");
-  // head_dim: Qwen3 sets it (128, independent of hidden_size); without it, hidden / heads as nano-vllm.
+  // head_dim: Qwen3 sets it (128, independent of hidden_size). Without it, 128 too: transformers' Qwen3Config
+  // has that default, so transformers, and nano-vllm, which reads config.json through it, use 128 (not
+  // hidden_size / num_attention_heads, nano-vllm's fallback for a config object with no head_dim at all).
   if (const Json* head_dim = config.optional("head_dim")) {
     c.head_dim = config.check_size("head_dim", config.as_int("head_dim", *head_dim));
   } else {
-    if (c.hidden_size % c.num_attention_heads != 0)
-      fail(path, ": head_dim is absent and hidden_size (", c.hidden_size,
-           ") is not a multiple of num_attention_heads (", c.num_attention_heads, ")");
-    c.head_dim = c.hidden_size / c.num_attention_heads;
+    c.head_dim = kDefaultHeadDim;
+    c.head_dim_absent = true;
   }
   if (c.head_dim % 2 != 0) fail(path, ": head_dim must be even for rotary embeddings, got ", c.head_dim);
 
@@ -216,7 +226,7 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   // Special tokens: generation_config.json, when present, is what generate() uses.
   const std::string gen_path = model_dir + "/generation_config.json";
   Json gen_root = Json::object();
-  if (is_regular_file(gen_path)) gen_root = Json::parse(read_file(gen_path), gen_path);
+  if (optional_file_exists(gen_path)) gen_root = Json::parse(read_file(gen_path, kConfigFile), gen_path);
   const FieldReader generation(gen_root, gen_path);
   for (const FieldReader* source : {&generation, &config}) {
     if (const Json* eos = source->optional("eos_token_id")) {

@@ -14,13 +14,17 @@
 
 namespace nanovllm {
 
+// transformers' Qwen3Config default for a config.json without head_dim.
+constexpr int kDefaultHeadDim = 128;
+
 struct ModelConfig {
   int vocab_size = 0;
   int hidden_size = 0;               // H
   int num_hidden_layers = 0;
   int num_attention_heads = 0;       // query heads
   int num_key_value_heads = 0;       // KV heads (GQA): divides num_attention_heads
-  int head_dim = 0;                  // absent from config.json: hidden_size / num_attention_heads
+  int head_dim = 0;                  // absent from config.json: kDefaultHeadDim, as transformers reads it
+  bool head_dim_absent = false;      // so taken; a checkpoint whose shapes disagree is told so
   int intermediate_size = 0;         // I, the MLP width
   int max_position_embeddings = 0;
   double rms_norm_eps = 0;

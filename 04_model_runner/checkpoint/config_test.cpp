@@ -84,7 +84,8 @@ TEST(Ch04_Config, GoldenConfigsLoad) {
 
 TEST(Ch04_Config, Transformers4StyleLoads) {
   // transformers 4.x: rope_theta at the top level, rope_scaling null, torch_dtype; head_dim absent
-  // (then hidden / heads); eos in config.json only; tie_word_embeddings absent (Qwen3 default: false).
+  // (then 128, transformers' Qwen3Config default, not hidden / heads = 16); eos in config.json only;
+  // tie_word_embeddings absent (Qwen3 default: false).
   Json config = without(without(without(base_config(), "rope_parameters"), "dtype"), "head_dim");
   config = without(config, "tie_word_embeddings");
   config = with(config, "rope_theta", "10000.0");
@@ -94,7 +95,9 @@ TEST(Ch04_Config, Transformers4StyleLoads) {
   ModelConfig c = load(dir, config);
   EXPECT_EQ(c.rope_theta, 1e4);
   EXPECT_EQ(c.dtype, "float16");
-  EXPECT_EQ(c.head_dim, 16);  // 64 / 4
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_TRUE(c.head_dim_absent);
+  EXPECT_FALSE(load(dir, base_config()).head_dim_absent);
   EXPECT_FALSE(c.tie_word_embeddings);
   // Some versions nest the theta in rope_scaling with rope_type "default"; the nested value wins.
   EXPECT_EQ(load(dir, with(config, "rope_scaling", R"({"rope_type":"default","rope_theta":5e5})")).rope_theta, 5e5);
@@ -190,10 +193,20 @@ TEST(Ch04_Config, InconsistentOrUnsupportedValuesAreRefused) {
   };
   for (const auto& [field, value, expected] : cases)
     EXPECT_EQ(load_error(dir, with(base_config(), field, value)), path + ": " + expected) << field << " = " << value;
-  // head_dim absent and hidden_size not divisible by the heads.
-  EXPECT_EQ(load_error(dir, with(with(without(base_config(), "head_dim"), "num_attention_heads", "6"),
-                                 "num_key_value_heads", "3")),
-            path + ": head_dim is absent and hidden_size (64) is not a multiple of num_attention_heads (6)");
+  // head_dim absent: 128 whatever hidden_size and the heads are (transformers' default).
+  EXPECT_EQ(load(dir, with(with(without(base_config(), "head_dim"), "num_attention_heads", "6"), "num_key_value_heads", "3"))
+                .head_dim,
+            128);
+  // What transformers would build another model for (model_type), or whose weights are not floats.
+  EXPECT_EQ(load_error(dir, with(base_config(), "model_type", "\"qwen3_moe\"")),
+            path + ": field 'model_type' is 'qwen3_moe'; only 'qwen3' is supported");
+  EXPECT_EQ(load_error(dir, with(base_config(), "model_type", "3")), path + ": field 'model_type': expected a string, got 3");
+  EXPECT_EQ(load(dir, without(base_config(), "model_type")).vocab_size, 512);  // absent: architectures decides
+  EXPECT_EQ(load_error(dir, with(base_config(), "quantization_config", R"({"quant_method": "fp8", "weight_block_size": [128, 128]})")),
+            path + ": field 'quantization_config' is present (quant_method 'fp8'); quantized checkpoints are not supported");
+  EXPECT_EQ(load_error(dir, with(base_config(), "quantization_config", "{}")),
+            path + ": field 'quantization_config' is present; quantized checkpoints are not supported");
+  EXPECT_EQ(load(dir, with(base_config(), "quantization_config", "null")).vocab_size, 512);  // null is absent
   EXPECT_EQ(load_error(dir, base_config(), "{"), dir / "generation_config.json" + ":1:2: expected a string key in the object");
 }
 

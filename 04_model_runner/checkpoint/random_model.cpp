@@ -205,7 +205,7 @@ void write_random_model(const ModelConfig& config, const std::string& out_dir, u
   const std::vector<std::string> tokenizer_files = {"tokenizer.json", "tokenizer_config.json"};
   if (!tokenizer_dir.empty())
     for (const std::string& name : tokenizer_files)
-      if (!is_regular_file(tokenizer_dir + "/" + name))
+      if (!optional_file_exists(tokenizer_dir + "/" + name))
         fail(tokenizer_dir + "/" + name, ": no such file (a tokenizer folder needs ", name, ")");
   prepare_output_dir(out_dir);
 

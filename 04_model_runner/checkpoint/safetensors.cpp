@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -31,8 +32,11 @@ int64_t TensorView::numel() const {
 }
 
 std::string format_shape(const std::vector<int64_t>& shape) {
+  // A hostile header may give a shape of millions of dimensions: the first 8, then how many there are.
+  constexpr size_t kShown = 8;
   std::string out = "[";
-  for (size_t i = 0; i < shape.size(); i++) out += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < std::min(shape.size(), kShown); i++) out += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() > kShown) out += ", ... (" + std::to_string(shape.size()) + " dimensions)";
   return out + "]";
 }
 
@@ -142,6 +146,12 @@ std::vector<TensorView> parse_safetensors(const uint8_t* bytes, size_t size, con
   if (header_size > size - 8)
     fail(source, ": header length ", header_size, " exceeds the file (", size - 8,
          " bytes after the length field): truncated or not a safetensors file");
+  // The header becomes a parsed JSON tree, up to ~65 times its size in memory (01_sequence/base/files.h). An
+  // entry takes 100-200 bytes, so kConfigFile's 16 MiB is ~100,000 tensors in one file; Hugging Face's own
+  // reader stops at 100 MB.
+  if (header_size > uint64_t(kConfigFile.bytes))
+    fail(source, ": header length ", header_size, " is more than the ", kConfigFile.bytes >> 20,
+         " MiB this reader takes for a header");
   const std::string_view text(reinterpret_cast<const char*>(bytes + 8), size_t(header_size));
   const Json header = Json::parse(text, source + ": header");
   if (!header.is_object())
@@ -246,10 +256,10 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   checkpoint.dir_ = dir;
   const std::string index_path = dir + "/model.safetensors.index.json";
 
-  if (is_regular_file(index_path)) {
+  if (optional_file_exists(index_path)) {
     // Sharded: the index's weight_map {tensor: shard} is the table of contents. Tensors a shard holds
     // beyond those listed for it are ignored, as transformers does.
-    const Json index = Json::parse(read_file(index_path), index_path);
+    const Json index = Json::parse(read_file(index_path, kConfigFile), index_path);
     const Json* weight_map = index.find("weight_map");
     if (!weight_map) fail(index_path, ": missing field 'weight_map'");
     if (!weight_map->is_object())
@@ -261,7 +271,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
         fail(index_path, ": weight_map['", m.first, "']: expected a shard file name, got ",
              Json::type_name(m.second.type()));
       const std::string& shard = m.second.as_string();
-      if (shard.empty() || shard.find('/') != std::string::npos)
+      if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos)
         fail(index_path, ": weight_map['", m.first, "']: '", shard, "' is not a file name in ", dir);
       if (!listed.insert(m.first).second) fail(index_path, ": tensor '", m.first, "' is listed twice");
       by_shard[shard].push_back(m.first);
@@ -348,22 +358,44 @@ std::vector<std::string> Checkpoint::names() const {
 void read_as_float(const TensorView& view, float* out) {
   const size_t n = size_t(view.numel());
   const uint8_t* p = view.data;
+  // An infinity or a NaN in one weight makes every logit NaN, and the first step would fail with no tensor
+  // to blame: each tensor is checked here, on its stored bits (an exponent of all ones), in the loop that
+  // converts it, so that the check costs no second pass over the weights.
+  bool finite = true;
   switch (view.dtype) {
     case DType::BF16:
-    case DType::F16:
       for (size_t i = 0; i < n; i++) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);  // memcpy: the data need not be 2-byte aligned
-        out[i] = view.dtype == DType::BF16 ? bf16_to_float(h) : fp16_to_float(h);
+        out[i] = bf16_to_float(h);
+        finite &= (h & 0x7f80) != 0x7f80;
       }
-      return;
+      break;
+    case DType::F16:
+      for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[i] = fp16_to_float(h);
+        finite &= (h & 0x7c00) != 0x7c00;
+      }
+      break;
     case DType::F32:
-      if (n > 0) std::memcpy(out, p, n * 4);  // an empty tensor may come with null pointers
-      return;
+      for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        std::memcpy(&bits, p + 4 * i, 4);
+        std::memcpy(out + i, &bits, 4);
+        finite &= (bits & 0x7f800000) != 0x7f800000;
+      }
+      break;
     default:
       fail(view.file, ": tensor '", view.name, "' is ", dtype_name(view.dtype),
            ", not a float type (BF16, F16 or F32)");
   }
+  if (finite) return;
+  for (size_t i = 0; i < n; i++)
+    if (!std::isfinite(out[i]))
+      fail(view.file, ": tensor '", view.name, "' holds ", std::isnan(out[i]) ? "a NaN" : "an infinity", " (element ",
+           i, " of ", n, ")");
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
-// "[512, 64]", as error messages print shapes.
+// "[512, 64]", as error messages print shapes; past 8 dimensions, "[1, 1, 1, 1, 1, 1, 1, 1, ... (N dimensions)]".
 std::string format_shape(const std::vector<int64_t>& shape);
 
 // Parses and validates a whole safetensors file held in memory, `bytes[0, size)`. Returns the tensors in
@@ -126,7 +126,7 @@ class Checkpoint {
 };
 
 // Converts a BF16, F16 or F32 tensor to fp32: writes view.numel() floats to `out`. Any other dtype is
-// an Error naming the file and tensor.
+// an Error naming the file and tensor, and so is a NaN or an infinity in it (naming the element).
 void read_as_float(const TensorView& view, float* out);
 
 // One tensor for write_safetensors. Give its bytes either as `data` (numel * dtype_size bytes) or as

@@ -166,7 +166,7 @@ TEST(Ch04_Safetensors, MalformedHeadersGiveOneNamedError) {
       {R"({"a":{"dtype":"F32","shape":[1]}})", 8, "tensor 'a': missing field 'data_offsets'"},
       {R"({"a":[]})", 8, "tensor 'a': expected an object {dtype, shape, data_offsets}, got an array"},
       {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 8, "tensor 'a': field 'shape': entries must be non-negative integers, got -1"},
-      {R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8, "entries must be non-negative integers, got 2"},
+      {R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8, "entries must be non-negative integers, got 2.0"},
       {R"({"a":{"dtype":"F32","shape":["2"],"data_offsets":[0,8]}})", 8, "entries must be non-negative integers, got \"2\""},
       {R"({"a":{"dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8]}})", 8, "entries must be non-negative integers"},
       {R"({"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, "tensor 'a': shape [4294967296, 4294967296] is too large"},
@@ -183,6 +183,9 @@ TEST(Ch04_Safetensors, MalformedHeadersGiveOneNamedError) {
        "t.safetensors: tensor 'a' appears twice in the header"},
       {R"({"__metadata__":{"format":1}})", 0, "t.safetensors: __metadata__ entry 'format' must be a string, got a number"},
       {R"({"__metadata__":["pt"]})", 0, "t.safetensors: __metadata__ must be an object of strings, got an array"},
+      // A shape of many dimensions is quoted by its first 8 (a hostile one had 4 million: a 12 MB message).
+      {R"({"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,1]}})", 1,
+       "tensor 'a': data_offsets [0, 1] hold 1 bytes but U8 [1, 1, 1, 1, 1, 1, 1, 1, ... (10 dimensions)] needs 2"},
   };
   for (const Case& c : cases) {
     std::string message = parse_error(c.header, c.data_size);
@@ -201,6 +204,10 @@ TEST(Ch04_Safetensors, LengthFieldIsCheckedAgainstTheFile) {
   EXPECT_NE(error_of([&] { parse_safetensors(bytes.data(), 20, "t.safetensors"); })
                 .find("header length 53 exceeds the file (12 bytes after the length field)"),
             std::string::npos);
+  // A header past 16 MiB is refused before it is parsed (its JSON tree could take a GB).
+  std::vector<uint8_t> large = make_file(std::string((16 << 20) + 1, ' '), 0);
+  EXPECT_EQ(error_of([&] { parse_safetensors(large.data(), large.size(), "t.safetensors"); }),
+            "t.safetensors: header length 16777217 is more than the 16 MiB this reader takes for a header");
   // A length of 2^64 - 1 must not be taken as a size to allocate.
   std::memset(bytes.data(), 0xff, 8);
   EXPECT_NE(error_of([&] { parse_safetensors(bytes.data(), bytes.size(), "t.safetensors"); })
@@ -269,6 +276,37 @@ TEST(Ch04_Safetensors, ReadAsFloatConvertsEachFloatType) {
   EXPECT_TRUE(std::signbit(out[1]));
   EXPECT_EQ(error_of([&] { read_as_float(*c.find("i64"), out); }),
             dir / "x.safetensors" + ": tensor 'i64' is I64, not a float type (BF16, F16 or F32)");
+}
+
+TEST(Ch04_Safetensors, ReadAsFloatRefusesNaNAndInfinity) {
+  // A NaN weight made every logit NaN, found only at the first step, with no tensor named. Each float type's
+  // patterns with an exponent of all ones: NaN, +Inf, -Inf; beside them the largest finite values, which
+  // are accepted.
+  const uint16_t bf16_ok[] = {0x7f7f, 0xff7f}, bf16_nan[] = {0x3f80, 0x7fc1}, bf16_inf[] = {0xff80, 0x3f80};
+  const uint16_t f16_ok[] = {0x7bff, 0xfbff}, f16_nan[] = {0x3c00, 0x7e00}, f16_inf[] = {0x7c00, 0x3c00};
+  const uint32_t f32_ok[] = {0x7f7fffff, 0x00000001}, f32_nan[] = {0x3f800000, 0xffc00000}, f32_inf[] = {0x7f800000, 0};
+  TempDir dir;
+  write_safetensors(dir / "x.safetensors", {{"bf16_ok", DType::BF16, {2}, bf16_ok, {}},
+                                            {"bf16_nan", DType::BF16, {2}, bf16_nan, {}},
+                                            {"bf16_inf", DType::BF16, {2}, bf16_inf, {}},
+                                            {"f16_ok", DType::F16, {2}, f16_ok, {}},
+                                            {"f16_nan", DType::F16, {2}, f16_nan, {}},
+                                            {"f16_inf", DType::F16, {2}, f16_inf, {}},
+                                            {"f32_ok", DType::F32, {2}, f32_ok, {}},
+                                            {"f32_nan", DType::F32, {2}, f32_nan, {}},
+                                            {"f32_inf", DType::F32, {2}, f32_inf, {}}});
+  Checkpoint c = Checkpoint::open(dir.path());
+  const std::string file = dir / "x.safetensors";
+  float out[2];
+  for (const char* type : {"bf16", "f16", "f32"}) {
+    const std::string name = type;
+    EXPECT_EQ(error_of([&] { read_as_float(*c.find(name + "_ok"), out); }), "") << type;
+    EXPECT_TRUE(std::isfinite(out[0]) && std::isfinite(out[1])) << type;
+    EXPECT_EQ(error_of([&] { read_as_float(*c.find(name + "_nan"), out); }),
+              file + ": tensor '" + name + "_nan' holds a NaN (element 1 of 2)");
+    EXPECT_EQ(error_of([&] { read_as_float(*c.find(name + "_inf"), out); }),
+              file + ": tensor '" + name + "_inf' holds an infinity (element 0 of 2)");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -405,6 +443,10 @@ TEST(Ch04_Safetensors, BrokenIndexGivesNamedErrors) {
             index + ": weight_map['x']: expected a shard file name, got a number");
   write_string(index, R"({"weight_map":{"x":"../s1.safetensors"}})");
   EXPECT_NE(error_of([&] { Checkpoint::open(dir.path()); }).find("is not a file name in"), std::string::npos);
+  // A NUL cut the path short, so that "s1.safetensors\u0000.x" opened s1.safetensors; it is quoted escaped.
+  write_string(index, R"({"weight_map":{"x":"s1.safetensors\u0000.x"}})");
+  EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
+            index + ": weight_map['x']: 's1.safetensors\\x00.x' is not a file name in " + dir.path());
   write_string(index, R"({"weight_map":{"x":"s1.safetensors","x":"s1.safetensors"}})");
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }), index + ": tensor 'x' is listed twice");
   write_string(index, R"({"weight_map":)");
