@@ -28,13 +28,13 @@ std::string read_file(const std::string& path, FileLimit limit = kAnyFile);
 void write_file(const std::string& path, const std::string& text);
 
 bool is_regular_file(const std::string& path);
+bool is_directory(const std::string& path);
 
 // For a file that may be absent (generation_config.json, a sharded checkpoint's index, ...): false when
 // nothing is at `path`, true when a regular file is (through symbolic links). Anything else there is a
 // mistake to name rather than to read as "absent": Error "PATH: cannot read: it is a directory" (or "not a
 // regular file", or "a symbolic link that leads to no file").
 bool optional_file_exists(const std::string& path);
-bool is_directory(const std::string& path);
 
 // Creates the folder `path` and every missing folder above it (mkdir -p); one that another process creates
 // meanwhile is as good. Throws Error "FOLDER: cannot create the directory: <reason>" naming the first
