@@ -355,38 +355,41 @@ std::vector<std::string> Checkpoint::names() const {
 // ---------------------------------------------------------------------------------------------------
 // fp32 conversion. The data is little-endian, as on every machine we build for (x86-64, aarch64).
 
+namespace {
+
+// Converts n stored floats (Word: their 16 or 32 bits, read unaligned) with `to_float`. Returns false when
+// one has an exponent of all ones (`exponent`): an infinity or a NaN.
+template <class Word, class ToFloat>
+bool convert_checking_finite(const uint8_t* p, size_t n, float* out, Word exponent, ToFloat to_float) {
+  bool finite = true;
+  for (size_t i = 0; i < n; i++) {
+    Word word;
+    std::memcpy(&word, p + sizeof(Word) * i, sizeof(Word));  // memcpy: the data need not be aligned
+    out[i] = to_float(word);
+    finite &= (word & exponent) != exponent;
+  }
+  return finite;
+}
+
+float f32_from_bits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
 void read_as_float(const TensorView& view, float* out) {
   const size_t n = size_t(view.numel());
   const uint8_t* p = view.data;
   // An infinity or a NaN in one weight makes every logit NaN, and the first step would fail with no tensor
-  // to blame: each tensor is checked here, on its stored bits (an exponent of all ones), in the loop that
-  // converts it, so that the check costs no second pass over the weights.
+  // to blame: each tensor is checked here, on its stored bits, in the loop that converts it, so that the
+  // check costs no second pass over the weights.
   bool finite = true;
   switch (view.dtype) {
-    case DType::BF16:
-      for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);  // memcpy: the data need not be 2-byte aligned
-        out[i] = bf16_to_float(h);
-        finite &= (h & 0x7f80) != 0x7f80;
-      }
-      break;
-    case DType::F16:
-      for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = fp16_to_float(h);
-        finite &= (h & 0x7c00) != 0x7c00;
-      }
-      break;
-    case DType::F32:
-      for (size_t i = 0; i < n; i++) {
-        uint32_t bits;
-        std::memcpy(&bits, p + 4 * i, 4);
-        std::memcpy(out + i, &bits, 4);
-        finite &= (bits & 0x7f800000) != 0x7f800000;
-      }
-      break;
+    case DType::BF16: finite = convert_checking_finite(p, n, out, uint16_t(0x7f80), bf16_to_float); break;
+    case DType::F16: finite = convert_checking_finite(p, n, out, uint16_t(0x7c00), fp16_to_float); break;
+    case DType::F32: finite = convert_checking_finite(p, n, out, uint32_t(0x7f800000), f32_from_bits); break;
     default:
       fail(view.file, ": tensor '", view.name, "' is ", dtype_name(view.dtype),
            ", not a float type (BF16, F16 or F32)");
