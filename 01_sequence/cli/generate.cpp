@@ -1,6 +1,7 @@
 // generate.cpp: the subcommands that run the model, `generate` and `logits` (nano-vllm: example.py).
 //
-//   nanovllm generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3)... [sampling] [engine options] [--json]
+//   nanovllm generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3 | --requests FILE)... [sampling]
+//                     [engine options] [--json]
 //   nanovllm logits   --model DIR --prompt-ids 1,2,3
 //
 // Part of the entry (linked last): it builds an LLMEngine from flags.
@@ -100,40 +101,188 @@ SamplingParams sampling_from(const Flags& f) {
   return p;
 }
 
+// One request to generate: its prompt, as text (after the chat template, if any) or as token ids, its own
+// sampling parameters, and, for one read from a --requests file, where it was given ("requests.jsonl line 7").
+struct Request {
+  std::string text;  // to tokenize; empty when the ids were given
+  std::vector<int32_t> ids;
+  bool is_text = false;
+  SamplingParams params;
+  std::string origin;     // empty for a request of the command line itself
+  bool messages = false;  // given as chat messages (a --requests line's "messages")
+};
+
+// A JSON number as a value of [lo, hi], naming the field when it is not one ("max_tokens: expected an integer in
+// [1, 2147483647], got 0.5").
+int64_t integer_field(const Json& value, const char* field, int64_t lo, int64_t hi) {
+  if (!value.is_integer() || value.as_int64() < lo || value.as_int64() > hi)
+    fail(field, ": expected an integer in [", lo, ", ", hi, "], got ", value.dump());
+  return value.as_int64();
+}
+
+double number_field(const Json& value, const char* field) {
+  if (!value.is_number()) fail(field, ": expected a number, got ", value.dump());
+  return value.as_double();
+}
+
+// One line of a --requests file (JSON Lines): nano-vllm's generate(prompts, sampling_params) with a
+// SamplingParams of its own for each prompt. The prompt is exactly one of
+//   "prompt": "text"                  (wrapped in the chat template as one user turn under --chat, as --prompt)
+//   "prompt_token_ids": [1, 2, 3]     (as --prompt-ids)
+//   "messages": [{"role": "user", "content": "..."}, ...], with "enable_thinking": false if wanted (rendered by
+//                                     Qwen3's chat template, its generation prompt added, as the chat-template command)
+// and any of "max_tokens", "temperature", "top_k", "top_p", "ignore_eos" and "seed" override the command line's
+// --max-tokens ... --ignore-eos for this request ("seed" is the request's own, SamplingParams::seed). Any other
+// field, or one given twice, is refused rather than ignored: "max_token" would otherwise be a silent default.
+Request parse_request_line(const Json& line, const SamplingParams& defaults, bool chat) {
+  if (!line.is_object())
+    fail("expected a request object {\"prompt\": ...}, got ", Json::type_name(line.type()));
+  static const std::vector<std::string> kFields = {"prompt", "prompt_token_ids", "messages", "enable_thinking",
+                                                   "max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed"};
+  std::vector<std::string> seen;
+  for (const auto& [key, value] : line.as_object()) {
+    if (std::find(kFields.begin(), kFields.end(), key) == kFields.end()) {
+      std::string known;
+      for (const std::string& f : kFields) known += (known.empty() ? "" : ", ") + f;
+      std::string quoted;
+      json_append_quoted(quoted, key);
+      fail("unknown field ", quoted, " (a request has ", known, ")");
+    }
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) fail("field \"", key, "\" given twice");
+    seen.push_back(key);
+  }
+  const int prompts = int(line.find("prompt") != nullptr) + int(line.find("prompt_token_ids") != nullptr) +
+                      int(line.find("messages") != nullptr);
+  if (prompts != 1) fail("give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\", got ", prompts);
+  if (line.find("enable_thinking") && !line.find("messages")) fail("\"enable_thinking\" applies to \"messages\"");
+
+  Request r;
+  if (const Json* text = line.find("prompt")) {
+    if (!text->is_string()) fail("prompt: expected a string, got ", Json::type_name(text->type()));
+    r.is_text = true;
+    r.text = chat ? apply_chat_template({{"user", text->as_string()}}, true, true) : text->as_string();
+  } else if (const Json* ids = line.find("prompt_token_ids")) {
+    if (chat) fail("--chat applies to text prompts, not to \"prompt_token_ids\"");
+    if (!ids->is_array() || ids->as_array().empty())
+      fail("prompt_token_ids: expected a non-empty array of token ids, got ", ids->is_array() ? "[]" : Json::type_name(ids->type()));
+    for (const Json& id : ids->as_array()) r.ids.push_back(int32_t(integer_field(id, "prompt_token_ids", 0, INT32_MAX)));
+  } else {
+    ChatRequest chat_request = parse_chat_request(line);  // "messages[1].role: ...", enable_thinking
+    r.is_text = r.messages = true;
+    r.text = apply_chat_template(chat_request.messages, /*add_generation_prompt=*/true, chat_request.enable_thinking);
+  }
+
+  r.params = defaults;
+  if (const Json* v = line.find("max_tokens")) r.params.max_tokens = int(integer_field(*v, "max_tokens", 1, INT32_MAX));
+  if (const Json* v = line.find("top_k")) r.params.top_k = int(integer_field(*v, "top_k", 0, INT32_MAX));
+  if (const Json* v = line.find("temperature")) r.params.temperature = float(number_field(*v, "temperature"));
+  if (const Json* v = line.find("top_p")) r.params.top_p = float(number_field(*v, "top_p"));
+  if (const Json* v = line.find("ignore_eos")) {
+    if (v->type() != Json::Type::Bool) fail("ignore_eos: expected true or false, got ", v->dump());
+    r.params.ignore_eos = v->as_bool();
+  }
+  if (const Json* v = line.find("seed")) {
+    try {
+      r.params.seed = v->as_uint64();  // an integer as written, exact in [0, 2^64)
+    } catch (const Error&) {
+      fail("seed: expected an integer in [0, 2^64), got ", v->dump());
+    }
+  }
+  r.params.validate();  // "temperature must be >= 0 (0 = greedy), got -1"
+  return r;
+}
+
+// The requests of `path` (JSON Lines; "-" reads stdin), one a non-blank line, each line's errors prefixed with
+// "PATH line N: ". Read before the model is loaded, so that a mistake in line 900 costs no loading.
+std::vector<Request> read_requests(const std::string& path, const SamplingParams& defaults, bool chat) {
+  std::vector<std::pair<int, std::string>> lines;  // (line number, text)
+  const std::string name = path == "-" ? "stdin" : path;
+  if (path == "-") {
+    StdinLines in;
+    for (std::string line; in.next(line);) lines.emplace_back(in.line_number(), std::move(line));
+  } else {
+    const std::string text = read_file(path);  // "PATH: cannot read: ..."
+    for (size_t start = 0, number = 1; start < text.size(); number++) {
+      const size_t end = std::min(text.find('\n', start), text.size());
+      if (end - start > StdinLines::kMaxLineBytes)
+        fail(name, " line ", number, ": longer than ", StdinLines::kMaxLineBytes >> 20, " MiB");
+      lines.emplace_back(int(number), text.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  std::vector<Request> requests;
+  for (const auto& [number, text] : lines) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate, as in JSON Lines files
+    const std::string origin = name + " line " + std::to_string(number);
+    const Json line = Json::parse(text, origin);  // its errors start with the origin
+    try {
+      requests.push_back(parse_request_line(line, defaults, chat));
+    } catch (const Error& e) {
+      fail(origin, ": ", e.what());
+    }
+    requests.back().origin = origin;
+  }
+  if (requests.empty()) fail(name, ": no requests (one JSON object a line, such as {\"prompt\": \"introduce yourself\"})");
+  return requests;
+}
+
 }  // namespace
 
 int cmd_generate(const Flags& flags) {
-  SamplingParams params = sampling_from(flags);
-  bool any_text = flags.has("prompt");
-  if (!flags.has("prompt") && !flags.has("prompt-ids")) throw UsageError("give at least one --prompt or --prompt-ids");
-  if (flags.has("chat") && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
+  const SamplingParams params = sampling_from(flags);
+  const bool chat = flags.has("chat");
+  if (!flags.has("prompt") && !flags.has("prompt-ids") && !flags.has("requests"))
+    throw UsageError("give at least one --prompt, --prompt-ids or --requests");
+  if (chat && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
+
+  // The requests in command-line order, read and checked before the model is loaded. --chat wraps each text
+  // prompt in Qwen3's chat template as one user turn (nano-vllm's example.py), thinking enabled as the
+  // template's default.
+  std::vector<Request> requests;
+  bool templated = chat;  // is Qwen3's chat template rendered for any request?
+  for (const auto& [name, value] : flags.in_order()) {
+    if (name == "prompt-ids") {
+      requests.push_back({"", parse_ids(value), false, params, ""});
+    } else if (name == "prompt") {
+      // Checked here, so that the error names the prompt and the offset in it as given (not in the chat
+      // template around it).
+      check_utf8(value, "prompt " + std::to_string(requests.size()));
+      requests.push_back({chat ? apply_chat_template({{"user", value}}, true, true) : value, {}, true, params, ""});
+    } else if (name == "requests") {
+      for (Request& r : read_requests(value, params, chat)) requests.push_back(std::move(r));
+    }
+  }
+  for (const Request& r : requests) templated = templated || r.messages;  // rendered by the template too
+  const auto first_text = std::find_if(requests.begin(), requests.end(), [](const Request& r) { return r.is_text; });
 
   const EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
   // Before the model is loaded: a tokenizer folder whose chat template is not Qwen3's fails at once.
   const std::string tokenizer_dir = config.tokenizer.empty() ? config.model : config.tokenizer;
-  if (flags.has("chat") && optional_file_exists(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
+  if (templated && optional_file_exists(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
   LLMEngine engine(config);
   const Tokenizer* tokenizer = engine.tokenizer();
-  if (any_text && !tokenizer)
-    fail("--prompt TEXT needs a tokenizer: ", engine.config().model, " has no tokenizer.json (give --tokenizer DIR)");
-  // Prompts in command-line order; --chat wraps each text in Qwen3's chat template as one user turn
-  // (nano-vllm's example.py), thinking enabled as the template's default.
+  if (first_text != requests.end() && !tokenizer)
+    fail(first_text->origin.empty() ? "--prompt TEXT" : first_text->origin + ": a text prompt", " needs a tokenizer: ",
+         engine.config().model, " has no tokenizer.json (give --tokenizer DIR)");
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> prompt_texts;
-  for (const auto& [name, value] : flags.in_order()) {
-    if (name == "prompt-ids") {
-      prompts.push_back(parse_ids(value));
-      prompt_texts.push_back("");
-    } else if (name == "prompt") {
-      // Checked here, so that the error names the prompt and the offset in it as given (not in the chat
-      // template around it).
-      check_utf8(value, "prompt " + std::to_string(prompts.size()));
-      std::string text = flags.has("chat") ? apply_chat_template({{"user", value}}, true, true) : value;
-      prompts.push_back(tokenizer->encode(text));
-      prompt_texts.push_back(text);
-    }
+  std::vector<SamplingParams> request_params;
+  for (const Request& r : requests) {
+    prompts.push_back(r.is_text ? tokenizer->encode(r.text) : r.ids);
+    request_params.push_back(r.params);
   }
-  std::vector<GenerateOutput> outputs = engine.generate(prompts, {params}, /*progress=*/true);
+  std::vector<GenerateOutput> outputs;
+  try {
+    outputs = engine.generate(prompts, request_params, /*progress=*/true);
+  } catch (const Error& e) {
+    // The engine names a request by its index ("request 3: prompt (40 tokens) + max_tokens (64) exceeds
+    // max_model_len (100)"); one read from a file is named by its line too.
+    const std::string message = e.what();
+    if (message.rfind("request ", 0) != 0) throw;
+    size_t index = 0;
+    const auto [rest, ec] = std::from_chars(message.data() + 8, message.data() + message.size(), index);
+    if (ec != std::errc() || *rest != ':' || index >= requests.size() || requests[index].origin.empty()) throw;
+    fail("request ", index, " (", requests[index].origin, ")", rest);  // rest: ": token id ..."
+  }
 
   for (size_t i = 0; i < outputs.size(); i++) {
     const GenerateOutput& out = outputs[i];
@@ -148,7 +297,7 @@ int cmd_generate(const Flags& flags) {
       if (tokenizer) line.set("text", out.text);
       write_stdout(line.dump() + "\n");
     } else if (tokenizer) {  // as nano-vllm's example.py: the prompt and the completion, quoted
-      std::string prompt = prompt_texts[i].empty() ? tokenizer->decode(out.prompt_token_ids, true) : prompt_texts[i];
+      std::string prompt = requests[i].is_text ? requests[i].text : tokenizer->decode(out.prompt_token_ids, true);
       std::string line = "Prompt: ";
       json_append_quoted(line, prompt);
       line += "\nCompletion: ";

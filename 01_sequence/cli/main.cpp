@@ -25,6 +25,7 @@ struct Command {
   std::vector<std::string> value_flags;
   std::vector<std::string> switches;
   const char* usage;
+  const char* details = nullptr;  // a paragraph `COMMAND --help` prints after the usage line
 };
 
 // Flags every engine command takes (the "engine options" of README.md).
@@ -42,10 +43,16 @@ std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std:
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"generate", nanovllm::cmd_generate,
-       plus(kEngineFlags, {"prompt", "prompt-ids", "max-tokens", "temperature", "top-k", "top-p"}),
+       plus(kEngineFlags, {"prompt", "prompt-ids", "requests", "max-tokens", "temperature", "top-k", "top-p"}),
        plus(kEngineSwitches, {"chat", "ignore-eos", "json"}),
-       "generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3)... [--chat] [--max-tokens N] [--temperature T] "
-       "[--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]"},
+       "generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3 | --requests FILE)... [--chat] [--max-tokens N] "
+       "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]",
+       "--requests FILE (\"-\" reads stdin): JSON Lines, one request a line with sampling of its own (nano-vllm's\n"
+       "generate(prompts, sampling_params) with one SamplingParams a prompt). Its prompt is one of\n"
+       "  {\"prompt\": \"text\"}   {\"prompt_token_ids\": [1, 2, 3]}\n"
+       "  {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}], \"enable_thinking\": false}   (Qwen3's chat template)\n"
+       "and any of \"max_tokens\", \"temperature\", \"top_k\", \"top_p\", \"ignore_eos\" and \"seed\" (its own random\n"
+       "numbers) override the flags for that request. Requests run in command-line order, file lines in their order.\n"},
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
@@ -135,6 +142,7 @@ static std::string one_line(const char* message) {
 // the commands that take them. Returns the exit code.
 static int print_command_help(const Command& c) {
   std::printf("usage: nanovllm %s\n", c.usage);
+  if (c.details) std::printf("\n%s", c.details);
   if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
   if (std::fflush(stdout) == 0) return 0;
   std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));

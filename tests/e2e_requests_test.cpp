@@ -1,0 +1,182 @@
+// `generate --requests FILE`: nano-vllm's generate(prompts, sampling_params) with a SamplingParams of its own for
+// each prompt, one JSON object a line. Each request must come out as it would alone with the same settings
+// as flags (greedy), independent of its place in the file (a seed of its own), rendered as Hugging Face renders
+// Qwen3's chat template (messages), and every mistake must be one error line naming the line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "01_sequence/base/json.h"
+#include "tests/test_util.h"
+
+using namespace nanovllm;
+using test::run_nanovllm;
+
+namespace {
+
+const std::string kCpuA = " --device cpu --model " + test::data_path("golden/tiny-qwen3-a");
+
+// The --json lines of a run, each parsed.
+std::vector<Json> json_lines(const std::string& out) {
+  std::vector<Json> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) lines.push_back(Json::parse(line, "stdout"));
+  return lines;
+}
+
+std::vector<int64_t> token_ids(const Json& line) {
+  std::vector<int64_t> ids;
+  for (const Json& id : line.at("token_ids").as_array()) ids.push_back(id.as_int64());
+  return ids;
+}
+
+}  // namespace
+
+TEST(E2E_Requests, EachRequestTakesItsOwnSamplingParams) {
+  // Golden model a's first prompts as ids. The flags give --max-tokens 4 --temperature 0 to any field left out.
+  Json golden = test::read_json(test::data_path("golden/tiny-qwen3-a.golden.json"));
+  std::vector<std::string> prompts;
+  for (const Json& c : golden.at("cases").as_array()) prompts.push_back(c.at("prompt_ids").dump());
+  ASSERT_GE(prompts.size(), 3u);
+  const std::string greedy5 = "{\"prompt_token_ids\": " + prompts[0] + ", \"max_tokens\": 5}";
+  const std::string sampled = "{\"prompt_token_ids\": " + prompts[1] + ", \"temperature\": 1.0, \"seed\": 7, \"max_tokens\": 8}";
+  const std::string defaults = "{\"prompt_token_ids\": " + prompts[2] + "}";
+  const std::string flags = "generate" + kCpuA + " --max-tokens 4 --temperature 0 --ignore-eos --json --requests -";
+  auto r = run_nanovllm(flags, greedy5 + "\n\n" + sampled + "\n" + defaults + "\n");  // a blank line is no request
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<Json> out = json_lines(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  for (size_t i = 0; i < out.size(); i++) EXPECT_EQ(out[i].at("index").as_int64(), int64_t(i));
+
+  // Greedy requests: each as the same request alone, given by flags.
+  auto alone = [&](const std::string& prompt, int max_tokens) {
+    std::string ids = prompt.substr(1, prompt.size() - 2);  // "[1,2,3]" -> "1,2,3"
+    auto a = run_nanovllm("generate" + kCpuA + " --temperature 0 --ignore-eos --json --max-tokens " +
+                          std::to_string(max_tokens) + " --prompt-ids " + ids);
+    EXPECT_EQ(a.exit_code, 0) << a.err;
+    return token_ids(json_lines(a.out).at(0));
+  };
+  EXPECT_EQ(token_ids(out[0]), alone(prompts[0], 5));
+  EXPECT_EQ(token_ids(out[2]), alone(prompts[2], 4));  // the flags' --max-tokens
+
+  // The sampled request: 8 tokens drawn with its own seed, so the same wherever it stands in the file and
+  // whatever the engine's --seed; another seed draws others.
+  ASSERT_EQ(token_ids(out[1]).size(), 8u);
+  auto moved = run_nanovllm(flags + " --seed 99", defaults + "\n" + greedy5 + "\n" + sampled + "\n");
+  ASSERT_EQ(moved.exit_code, 0) << moved.err;
+  EXPECT_EQ(token_ids(json_lines(moved.out).at(2)), token_ids(out[1]));
+  std::string reseeded = sampled;
+  reseeded.replace(reseeded.find("\"seed\": 7"), 9, "\"seed\": 8");
+  auto other = run_nanovllm(flags, reseeded + "\n");
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_NE(token_ids(json_lines(other.out).at(0)), token_ids(out[1]));
+
+  // A file on disk reads as stdin does, and its requests follow the flags' in command-line order.
+  test::TempDir dir;
+  const std::string path = dir.path() + "/requests.jsonl";
+  std::ofstream(path) << greedy5 << "\n";
+  auto mixed = run_nanovllm("generate" + kCpuA + " --max-tokens 4 --temperature 0 --ignore-eos --json --prompt-ids " +
+                            prompts[2].substr(1, prompts[2].size() - 2) + " --requests " + path);
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.err;
+  std::vector<Json> mixed_out = json_lines(mixed.out);
+  ASSERT_EQ(mixed_out.size(), 2u);
+  EXPECT_EQ(token_ids(mixed_out[0]), token_ids(out[2]));
+  EXPECT_EQ(token_ids(mixed_out[1]), token_ids(out[0]));
+}
+
+TEST(E2E_Requests, MessagesAreRenderedAsTransformersRendersQwen3sTemplate) {
+  // chat_public.json: conversations rendered and tokenized by transformers. On the embedded default (the real
+  // tokenizer), a request's prompt ids must be those, with or without thinking.
+  Json cases = test::read_json(test::data_path("golden/chat_public.json"));
+  std::string input;
+  std::vector<Json> expected;
+  for (const Json& c : cases.as_array()) {
+    if (!c.at("add_generation_prompt").as_bool()) continue;  // a request always asks for the reply
+    Json line = Json::object();
+    line.set("messages", c.at("messages"));
+    line.set("enable_thinking", c.at("enable_thinking"));
+    input += line.dump() + "\n";
+    expected.push_back(c.at("ids"));
+  }
+  ASSERT_GE(expected.size(), 2u);
+  auto r = run_nanovllm("generate --device cpu --max-tokens 1 --json --requests -", input);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<Json> out = json_lines(r.out);
+  ASSERT_EQ(out.size(), expected.size());
+  for (size_t i = 0; i < out.size(); i++) EXPECT_EQ(out[i].at("prompt_token_ids").dump(), expected[i].dump()) << i;
+
+  // A text prompt under --chat is one user turn, thinking on, as --prompt is.
+  Json first = cases.as_array()[0];
+  ASSERT_TRUE(first.at("enable_thinking").as_bool());
+  const std::string content = first.at("messages").as_array()[0].at("content").dump();
+  auto chat = run_nanovllm("generate --device cpu --max-tokens 1 --json --chat --requests -",
+                           "{\"prompt\": " + content + "}\n");
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  EXPECT_EQ(json_lines(chat.out).at(0).at("prompt_token_ids").dump(), first.at("ids").dump());
+}
+
+TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
+  struct Case {
+    std::string input, error;
+  };
+  const std::vector<Case> cases = {
+      {"{\"prompt_token_ids\": [1], \"max_token\": 3}\n",
+       "error: stdin line 1: unknown field \"max_token\" (a request has prompt, prompt_token_ids, messages, "
+       "enable_thinking, max_tokens, temperature, top_k, top_p, ignore_eos, seed)"},
+      {"{\"prompt_token_ids\": [1]}\n\n{\"prompt_token_ids\": [1], \"temperature\": -1}\n",
+       "error: stdin line 3: temperature must be >= 0 (0 = greedy), got -1"},
+      {"{\"prompt_token_ids\": [1], \"top_p\": 0}\n", "error: stdin line 1: top_p must be in (0, 1], got 0"},
+      {"{\"prompt_token_ids\": [1], \"max_tokens\": 0}\n",
+       "error: stdin line 1: max_tokens: expected an integer in [1, 2147483647], got 0"},
+      {"{\"prompt_token_ids\": [1], \"top_k\": \"5\"}\n",
+       "error: stdin line 1: top_k: expected an integer in [0, 2147483647], got \"5\""},
+      {"{\"prompt_token_ids\": [1], \"temperature\": \"hot\"}\n",
+       "error: stdin line 1: temperature: expected a number, got \"hot\""},
+      {"{\"prompt_token_ids\": [1], \"ignore_eos\": 1}\n", "error: stdin line 1: ignore_eos: expected true or false, got 1"},
+      {"{\"prompt_token_ids\": [1], \"seed\": -1}\n", "error: stdin line 1: seed: expected an integer in [0, 2^64), got -1"},
+      {"{\"prompt_token_ids\": [1], \"seed\": 18446744073709551616}\n",
+       "error: stdin line 1: seed: expected an integer in [0, 2^64), got 18446744073709551616"},
+      {"{\"prompt_token_ids\": []}\n", "error: stdin line 1: prompt_token_ids: expected a non-empty array of token ids, got []"},
+      {"{\"prompt_token_ids\": [1, -2]}\n",
+       "error: stdin line 1: prompt_token_ids: expected an integer in [0, 2147483647], got -2"},
+      {"{\"prompt_token_ids\": [1], \"prompt\": \"a\"}\n",
+       "error: stdin line 1: give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\", got 2"},
+      {"{\"max_tokens\": 3}\n", "error: stdin line 1: give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\", got 0"},
+      {"{\"prompt_token_ids\": [1], \"max_tokens\": 2, \"max_tokens\": 3}\n",
+       "error: stdin line 1: field \"max_tokens\" given twice"},
+      {"{\"prompt_token_ids\": [1], \"enable_thinking\": false}\n",
+       "error: stdin line 1: \"enable_thinking\" applies to \"messages\""},
+      {"[1, 2]\n", "error: stdin line 1: expected a request object {\"prompt\": ...}, got an array"},
+      {"{\"prompt_token_ids\": [1],}\n", "error: stdin line 1:1:26: expected a string key in the object"},
+      {"\n \n", "error: stdin: no requests (one JSON object a line, such as {\"prompt\": \"introduce yourself\"})"},
+      // Found by the engine, after loading: named by the request's index and its line.
+      {"{\"prompt_token_ids\": [1]}\n{\"prompt_token_ids\": [5000]}\n",
+       "error: request 1 (stdin line 2): token id 5000 is outside the vocabulary [0, 512)"},
+      {"\n{\"prompt_token_ids\": [1, 2], \"max_tokens\": 4095}\n",
+       "error: request 0 (stdin line 2): prompt (2 tokens) + max_tokens (4095) exceeds max_model_len (4096)"},
+      {"{\"prompt\": \"hi\"}\n", "error: stdin line 1: a text prompt needs a tokenizer: " +
+                                      test::data_path("golden/tiny-qwen3-a") +
+                                      " has no tokenizer.json (give --tokenizer DIR)"},
+  };
+  for (const Case& c : cases) {
+    auto r = run_nanovllm("generate" + kCpuA + " --requests -", c.input);
+    EXPECT_EQ(r.exit_code, 1) << c.input;
+    EXPECT_EQ(r.out, "") << c.input;
+    EXPECT_EQ(test::last_error_line(r.err), c.error + "\n") << c.input << r.err;
+  }
+  // --chat is for text prompts; a file that cannot be read is named.
+  auto chat_ids = run_nanovllm("generate" + kCpuA + " --chat --requests -", "{\"prompt_token_ids\": [1]}\n");
+  EXPECT_EQ(chat_ids.err, "error: stdin line 1: --chat applies to text prompts, not to \"prompt_token_ids\"\n");
+  auto missing = run_nanovllm("generate" + kCpuA + " --requests /no/such/requests.jsonl");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.err, "error: /no/such/requests.jsonl: cannot read: No such file or directory\n");
+  // The flag itself: a value is needed, and one file at most.
+  for (const char* args : {" --requests ''", " --requests a --requests b"}) {
+    auto usage = run_nanovllm("generate" + kCpuA + args);
+    EXPECT_EQ(usage.exit_code, 2) << args;
+    EXPECT_TRUE(test::is_one_error_line(usage.err)) << args << ": " << usage.err;
+  }
+}
