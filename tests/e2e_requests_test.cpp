@@ -4,6 +4,8 @@
 // Qwen3's chat template (messages), and every mistake must be one error line naming the line.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -127,21 +129,30 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
        "error: stdin line 1: unknown field \"max_token\" (a request has prompt, prompt_token_ids, messages, "
        "enable_thinking, max_tokens, temperature, top_k, top_p, ignore_eos, seed)"},
       {"{\"prompt_token_ids\": [1]}\n\n{\"prompt_token_ids\": [1], \"temperature\": -1}\n",
-       "error: stdin line 3: temperature must be >= 0 (0 = greedy), got -1"},
-      {"{\"prompt_token_ids\": [1], \"top_p\": 0}\n", "error: stdin line 1: top_p must be in (0, 1], got 0"},
+       "error: stdin line 3: temperature: expected a number in [0, 1e+30], got -1"},
+      {"{\"prompt_token_ids\": [1], \"top_p\": 0}\n", "error: stdin line 1: top_p: expected a number in (0, 1], got 0"},
+      // The flags' ranges, on the number as written: not "inf", not 0, not rounded into the range.
+      {"{\"prompt_token_ids\": [1], \"temperature\": 1e308}\n",
+       "error: stdin line 1: temperature: expected a number in [0, 1e+30], got 1e+308"},
+      {"{\"prompt_token_ids\": [1], \"temperature\": -1e-300}\n",
+       "error: stdin line 1: temperature: expected a number in [0, 1e+30], got -1e-300"},
+      {"{\"prompt_token_ids\": [1], \"top_p\": 1.00000001}\n",
+       "error: stdin line 1: top_p: expected a number in (0, 1], got 1.00000001"},
+      {"{\"prompt_token_ids\": [1], \"top_p\": 1e-320}\n",
+       "error: stdin line 1: top_p: 1e-320 is 0 as a 32-bit float, outside (0, 1]"},
       {"{\"prompt_token_ids\": [1], \"max_tokens\": 0}\n",
        "error: stdin line 1: max_tokens: expected an integer in [1, 2147483647], got 0"},
       {"{\"prompt_token_ids\": [1], \"top_k\": \"5\"}\n",
        "error: stdin line 1: top_k: expected an integer in [0, 2147483647], got \"5\""},
       {"{\"prompt_token_ids\": [1], \"temperature\": \"hot\"}\n",
-       "error: stdin line 1: temperature: expected a number, got \"hot\""},
+       "error: stdin line 1: temperature: expected a number in [0, 1e+30], got \"hot\""},
       {"{\"prompt_token_ids\": [1], \"ignore_eos\": 1}\n", "error: stdin line 1: ignore_eos: expected true or false, got 1"},
       {"{\"prompt_token_ids\": [1], \"seed\": -1}\n", "error: stdin line 1: seed: expected an integer in [0, 2^64), got -1"},
       {"{\"prompt_token_ids\": [1], \"seed\": 18446744073709551616}\n",
        "error: stdin line 1: seed: expected an integer in [0, 2^64), got 18446744073709551616"},
       {"{\"prompt_token_ids\": []}\n", "error: stdin line 1: prompt_token_ids: expected a non-empty array of token ids, got []"},
       {"{\"prompt_token_ids\": [1, -2]}\n",
-       "error: stdin line 1: prompt_token_ids: expected an integer in [0, 2147483647], got -2"},
+       "error: stdin line 1: prompt_token_ids[1]: expected an integer in [0, 2147483647], got -2"},
       {"{\"prompt_token_ids\": [1], \"prompt\": \"a\"}\n",
        "error: stdin line 1: give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\", got 2"},
       {"{\"max_tokens\": 3}\n", "error: stdin line 1: give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\", got 0"},
@@ -173,10 +184,42 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
   auto missing = run_nanovllm("generate" + kCpuA + " --requests /no/such/requests.jsonl");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_EQ(missing.err, "error: /no/such/requests.jsonl: cannot read: No such file or directory\n");
-  // The flag itself: a value is needed, and one file at most.
-  for (const char* args : {" --requests ''", " --requests a --requests b"}) {
-    auto usage = run_nanovllm("generate" + kCpuA + args);
+  // A FIFO would wait for a writer: only a regular file is read (stdin, "-", is the way to pipe).
+  test::TempDir dir;
+  ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);
+  auto fifo = run_nanovllm("generate" + kCpuA + " --requests " + (dir / "fifo"));
+  EXPECT_EQ(fifo.err, "error: " + (dir / "fifo") + ": cannot read: not a regular file\n");
+  // A stream that never ends stops at 2^20 requests, named, rather than filling the memory.
+  std::string many;
+  for (int i = 0; i <= (1 << 20); i++) many += "{\"prompt_token_ids\": [1]}\n";
+  auto endless = run_nanovllm("generate" + kCpuA + " --requests -", many);
+  EXPECT_EQ(endless.exit_code, 1);
+  EXPECT_EQ(endless.err, "error: stdin line 1048577: more than 1048576 requests\n");
+  // The flag itself: a value is needed, stdin is read once, and the other flags are checked before stdin is
+  // read (a usage error, exit 2, however bad the requests).
+  for (const char* args : {" --requests ''", " --requests - --requests -", " --requests - --max-num-seqs 0"}) {
+    auto usage = run_nanovllm("generate" + kCpuA + args, "{\"bad\": 1}\n");
     EXPECT_EQ(usage.exit_code, 2) << args;
     EXPECT_TRUE(test::is_one_error_line(usage.err)) << args << ": " << usage.err;
+  }
+}
+
+TEST(E2E_Requests, FilesAreReadInCommandLineOrder) {
+  // Two files, the second saved by an editor that writes a byte order mark first; each request as it is alone.
+  test::TempDir dir;
+  std::ofstream(dir / "a.jsonl") << "{\"prompt_token_ids\": [1, 2]}\n{\"prompt_token_ids\": [3]}";  // no last newline
+  std::ofstream(dir / "b.jsonl") << "\xEF\xBB\xBF{\"prompt_token_ids\": [4, 5, 6]}\r\n";
+  const std::string flags = "generate" + kCpuA + " --max-tokens 3 --temperature 0 --ignore-eos --json";
+  auto r = run_nanovllm(flags + " --requests " + (dir / "b.jsonl") + " --prompt-ids 7 --requests " + (dir / "a.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<Json> out = json_lines(r.out);
+  ASSERT_EQ(out.size(), 4u);
+  const char* prompts[] = {"4,5,6", "7", "1,2", "3"};
+  for (size_t i = 0; i < 4; i++) {
+    auto alone = run_nanovllm(flags + " --prompt-ids " + prompts[i]);
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    const Json expected = json_lines(alone.out).at(0);
+    EXPECT_EQ(out[i].at("prompt_token_ids").dump(), expected.at("prompt_token_ids").dump()) << i;
+    EXPECT_EQ(token_ids(out[i]), token_ids(expected)) << i;
   }
 }

@@ -113,26 +113,38 @@ void flush_stdout() {
   if (failed) fail("cannot write to stdout: ", std::strerror(errno ? errno : EIO));
 }
 
-StdinLines::StdinLines() {
+LineReader::LineReader() : file_(stdin), name_("stdin") {
   struct stat st;
   if (fstat(STDIN_FILENO, &st) != 0) fail("stdin: cannot read: ", std::strerror(errno));  // closed (<&-)
   if (S_ISDIR(st.st_mode)) fail("stdin: cannot read: it is a directory");
 }
 
-bool StdinLines::next(std::string& line) {
+LineReader::LineReader(const std::string& path) : file_(nullptr), name_(path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail(path, ": cannot read: it is a directory");
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
+  file_ = std::fopen(path.c_str(), "rb");  // a missing file: fopen's own reason
+  if (!file_) fail(path, ": cannot read: ", std::strerror(errno));
+}
+
+LineReader::~LineReader() {
+  if (file_ && file_ != stdin) std::fclose(file_);
+}
+
+bool LineReader::next(std::string& line) {
   line.clear();
   // One byte at a time through stdio's buffer (getc_unlocked: no lock per byte), so that a NUL byte stays
   // in the line for the JSON parser to name, and the length is checked as the line grows.
-  for (int c; (c = getc_unlocked(stdin)) != EOF;) {
+  for (int c; (c = getc_unlocked(file_)) != EOF;) {
     if (c == '\n') {
       line_number_++;
       return true;
     }
-    if (line.size() == kMaxLineBytes) fail("stdin line ", line_number_ + 1, ": longer than ", kMaxLineBytes >> 20, " MiB");
+    if (line.size() == kMaxLineBytes) fail(name_, " line ", line_number_ + 1, ": longer than ", kMaxLineBytes >> 20, " MiB");
     line.push_back(char(c));
   }
-  if (std::ferror(stdin)) fail("stdin: read failed: ", std::strerror(errno));
-  if (line.empty()) return false;  // the end, after a final newline (or of an empty stdin)
+  if (std::ferror(file_)) fail(name_, ": read failed: ", std::strerror(errno));
+  if (line.empty()) return false;  // the end, after a final newline (or of an empty input)
   line_number_++;  // a last line without its newline
   return true;
 }

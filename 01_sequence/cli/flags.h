@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,7 +24,7 @@ struct UsageError : Error {
 // times), `--name` alone for switches. Anything else is a UsageError naming the offending argument.
 // The value flags that may be given more than once, each time adding to a list; any other value flag given
 // twice is a UsageError.
-const std::vector<std::string> kRepeatableFlags = {"prompt", "prompt-ids", "file"};
+const std::vector<std::string> kRepeatableFlags = {"prompt", "prompt-ids", "requests", "file"};
 
 class Flags {
  public:
@@ -51,20 +52,30 @@ class Flags {
 // flush_stdout flushes std::cout and stdout (main() calls it after every command).
 void write_stdout(const std::string& text);
 void flush_stdout();
-// Stdin read line by line, for the JSON Lines commands. The constructor throws Error "stdin: cannot read:
-// <reason>" for a stdin that cannot be read (closed, or a directory, which would read as empty). next()
-// gives the next line without its newline and returns false at the end; a read that failed rather than
-// ended is Error "stdin: read failed: <reason>", and a line longer than kMaxLineBytes is Error "stdin line
-// N: longer than 4 MiB", since a stream with no newline (a binary file, /dev/zero) would otherwise grow
-// one string without bound.
-class StdinLines {
+// Stdin, or a regular file, read line by line, for the JSON Lines commands and `generate --requests`. The
+// constructors throw Error "stdin: cannot read: <reason>" for a stdin that cannot be read (closed, or a
+// directory, which would read as empty), and "PATH: cannot read: <reason>" for a file that is missing or not a
+// regular file (a FIFO would wait for a writer, a device such as /dev/zero never end: stdin is the way to pipe).
+// next() gives the next line without its newline and returns false at the end; a read that failed rather than
+// ended is Error "NAME: read failed: <reason>", and a line longer than kMaxLineBytes is Error "NAME line N:
+// longer than 4 MiB", since a stream with no newline (a binary file, /dev/zero) would otherwise grow one
+// string without bound. NAME is "stdin" or the path.
+class LineReader {
  public:
   static constexpr size_t kMaxLineBytes = size_t(4) << 20;
-  StdinLines();
+  LineReader();                                  // stdin
+  explicit LineReader(const std::string& path);  // a regular file
+  ~LineReader();
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
   bool next(std::string& line);
   int line_number() const { return line_number_; }  // of the line next() gave last, from 1
+  const std::string& name() const { return name_; }
 
  private:
+  FILE* file_;
+  std::string name_;
   int line_number_ = 0;
 };
 

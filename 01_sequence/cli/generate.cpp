@@ -120,9 +120,17 @@ int64_t integer_field(const Json& value, const char* field, int64_t lo, int64_t 
   return value.as_int64();
 }
 
-double number_field(const Json& value, const char* field) {
-  if (!value.is_number()) fail(field, ": expected a number, got ", value.dump());
-  return value.as_double();
+// A JSON number in [lo, hi] (or (lo, hi] when `open_low`), as the float SamplingParams holds. The range is the
+// flag's (--temperature, --top-p), checked on the number as written, so that 1e308 is not "inf" and -1e-300 not
+// 0; a positive number no float holds is named too, rather than read as 0.
+float float_field(const Json& value, const char* field, double lo, double hi, bool open_low) {
+  const bool in_range = value.is_number() && (open_low ? value.as_double() > lo : value.as_double() >= lo) &&
+                        value.as_double() <= hi;
+  if (!in_range)
+    fail(field, ": expected a number in ", open_low ? "(" : "[", lo, ", ", hi, "], got ", value.dump());
+  const float f = float(value.as_double());
+  if (open_low && f <= float(lo)) fail(field, ": ", value.dump(), " is ", f, " as a 32-bit float, outside (", lo, ", ", hi, "]");
+  return f;
 }
 
 // One line of a --requests file (JSON Lines): nano-vllm's generate(prompts, sampling_params) with a
@@ -165,7 +173,10 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
     if (chat) fail("--chat applies to text prompts, not to \"prompt_token_ids\"");
     if (!ids->is_array() || ids->as_array().empty())
       fail("prompt_token_ids: expected a non-empty array of token ids, got ", ids->is_array() ? "[]" : Json::type_name(ids->type()));
-    for (const Json& id : ids->as_array()) r.ids.push_back(int32_t(integer_field(id, "prompt_token_ids", 0, INT32_MAX)));
+    for (size_t i = 0; i < ids->size(); i++) {
+      const std::string field = "prompt_token_ids[" + std::to_string(i) + "]";
+      r.ids.push_back(int32_t(integer_field(ids->as_array()[i], field.c_str(), 0, INT32_MAX)));
+    }
   } else {
     ChatRequest chat_request = parse_chat_request(line);  // "messages[1].role: ...", enable_thinking
     r.is_text = r.messages = true;
@@ -175,8 +186,8 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
   r.params = defaults;
   if (const Json* v = line.find("max_tokens")) r.params.max_tokens = int(integer_field(*v, "max_tokens", 1, INT32_MAX));
   if (const Json* v = line.find("top_k")) r.params.top_k = int(integer_field(*v, "top_k", 0, INT32_MAX));
-  if (const Json* v = line.find("temperature")) r.params.temperature = float(number_field(*v, "temperature"));
-  if (const Json* v = line.find("top_p")) r.params.top_p = float(number_field(*v, "top_p"));
+  if (const Json* v = line.find("temperature")) r.params.temperature = float_field(*v, "temperature", 0, 1e30, false);
+  if (const Json* v = line.find("top_p")) r.params.top_p = float_field(*v, "top_p", 0, 1, true);
   if (const Json* v = line.find("ignore_eos")) {
     if (v->type() != Json::Type::Bool) fail("ignore_eos: expected true or false, got ", v->dump());
     r.params.ignore_eos = v->as_bool();
@@ -193,27 +204,24 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
 }
 
 // The requests of `path` (JSON Lines; "-" reads stdin), one a non-blank line, each line's errors prefixed with
-// "PATH line N: ". Read before the model is loaded, so that a mistake in line 900 costs no loading.
+// "PATH line N: ". Read before the model is loaded, so that a mistake in line 900 costs no loading. Each line
+// is parsed as it is read, and the input may hold 1 GiB (as a file read whole may) and 2^20 requests (each
+// costs the engine about a kilobyte, however short): a stream that never ends (`yes '{"prompt": "x"}'`) stops
+// there rather than filling the memory.
 std::vector<Request> read_requests(const std::string& path, const SamplingParams& defaults, bool chat) {
-  std::vector<std::pair<int, std::string>> lines;  // (line number, text)
-  const std::string name = path == "-" ? "stdin" : path;
-  if (path == "-") {
-    StdinLines in;
-    for (std::string line; in.next(line);) lines.emplace_back(in.line_number(), std::move(line));
-  } else {
-    const std::string text = read_file(path);  // "PATH: cannot read: ..."
-    for (size_t start = 0, number = 1; start < text.size(); number++) {
-      const size_t end = std::min(text.find('\n', start), text.size());
-      if (end - start > StdinLines::kMaxLineBytes)
-        fail(name, " line ", number, ": longer than ", StdinLines::kMaxLineBytes >> 20, " MiB");
-      lines.emplace_back(int(number), text.substr(start, end - start));
-      start = end + 1;
-    }
-  }
+  constexpr size_t kMaxRequests = size_t(1) << 20;
+  LineReader in = path == "-" ? LineReader() : LineReader(path);  // "PATH: cannot read: ..."
   std::vector<Request> requests;
-  for (const auto& [number, text] : lines) {
+  long long bytes = 0;
+  for (std::string text; in.next(text);) {
+    if ((bytes += (long long)text.size() + 1) > kAnyFile.bytes)
+      fail(in.name(), " line ", in.line_number(), ": more than ", kAnyFile.bytes >> 30, " GiB of requests");
+    if (requests.size() == kMaxRequests)
+      fail(in.name(), " line ", in.line_number(), ": more than ", kMaxRequests, " requests");
+    // A byte order mark, which Windows editors write at the start of a UTF-8 file, is not JSON: skipped.
+    if (in.line_number() == 1 && text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate, as in JSON Lines files
-    const std::string origin = name + " line " + std::to_string(number);
+    const std::string origin = in.name() + " line " + std::to_string(in.line_number());
     const Json line = Json::parse(text, origin);  // its errors start with the origin
     try {
       requests.push_back(parse_request_line(line, defaults, chat));
@@ -222,7 +230,7 @@ std::vector<Request> read_requests(const std::string& path, const SamplingParams
     }
     requests.back().origin = origin;
   }
-  if (requests.empty()) fail(name, ": no requests (one JSON object a line, such as {\"prompt\": \"introduce yourself\"})");
+  if (requests.empty()) fail(in.name(), ": no requests (one JSON object a line, such as {\"prompt\": \"introduce yourself\"})");
   return requests;
 }
 
@@ -234,6 +242,10 @@ int cmd_generate(const Flags& flags) {
   if (!flags.has("prompt") && !flags.has("prompt-ids") && !flags.has("requests"))
     throw UsageError("give at least one --prompt, --prompt-ids or --requests");
   if (chat && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
+  const std::vector<std::string>& files = flags.get_all("requests");
+  if (std::count(files.begin(), files.end(), "-") > 1) throw UsageError("--requests - (stdin) given twice");
+  // The flags first: a usage error is told at once, not after stdin's requests have been read.
+  const EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
 
   // The requests in command-line order, read and checked before the model is loaded. --chat wraps each text
   // prompt in Qwen3's chat template as one user turn (nano-vllm's example.py), thinking enabled as the
@@ -255,7 +267,6 @@ int cmd_generate(const Flags& flags) {
   for (const Request& r : requests) templated = templated || r.messages;  // rendered by the template too
   const auto first_text = std::find_if(requests.begin(), requests.end(), [](const Request& r) { return r.is_text; });
 
-  const EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
   // Before the model is loaded: a tokenizer folder whose chat template is not Qwen3's fails at once.
   const std::string tokenizer_dir = config.tokenizer.empty() ? config.model : config.tokenizer;
   if (templated && optional_file_exists(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);

@@ -20,7 +20,7 @@ namespace nanovllm {
 int cmd_hash_blocks(const Flags& flags) {
   const int block_size = int(flags.get_int("block-size", 256, 1, 1 << 20));
   std::string line;
-  StdinLines lines;
+  LineReader lines;
   while (lines.next(line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {  // a blank line for a blank line: aligned
       write_stdout("\n");

@@ -39,7 +39,7 @@ Tokenizer load_tokenizer(const Flags& flags) {
 // open stdin first, before anything else takes a file descriptor: with stdin closed, the next file opened
 // would become descriptor 0 and be read as the input.
 template <class Handler>
-int for_each_json_line(StdinLines& lines, Handler handle) {
+int for_each_json_line(LineReader& lines, Handler handle) {
   std::string line;
   while (lines.next(line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) {
@@ -65,7 +65,7 @@ int for_each_json_line(StdinLines& lines, Handler handle) {
 }  // namespace
 
 int cmd_tokenize(const Flags& flags) {
-  StdinLines lines;
+  LineReader lines;
   Tokenizer tokenizer = load_tokenizer(flags);
   return for_each_json_line(lines, [&](const Json& value) {
     if (!value.is_string()) fail("expected a JSON string, got ", Json::type_name(value.type()));
@@ -79,7 +79,7 @@ int cmd_tokenize(const Flags& flags) {
 }
 
 int cmd_detokenize(const Flags& flags) {
-  StdinLines lines;
+  LineReader lines;
   Tokenizer tokenizer = load_tokenizer(flags);
   return for_each_json_line(lines, [&](const Json& value) {
     if (!value.is_array()) fail("expected a JSON array of token ids, got ", Json::type_name(value.type()));
@@ -99,7 +99,7 @@ int cmd_detokenize(const Flags& flags) {
 int cmd_chat_template(const Flags& flags) {
   // The template is Qwen3's, written in chat_template.cpp; the tokenizer is loaded only to check that
   // DIR holds a tokenizer, and its template checked to be Qwen's layout, both before reading stdin.
-  StdinLines lines;
+  LineReader lines;
   load_tokenizer(flags);
   check_chat_template(flags.get("tokenizer", data_dir() + "/qwen3-tokenizer"));
   return for_each_json_line(lines, [&](const Json& value) {
