@@ -160,6 +160,11 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
        "error: stdin line 1: field \"max_tokens\" given twice"},
       {"{\"prompt_token_ids\": [1], \"enable_thinking\": false}\n",
        "error: stdin line 1: \"enable_thinking\" applies to \"messages\""},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"reasoning_contnet\": \"r\"}]}\n",
+       "error: stdin line 1: messages[0]: unknown field \"reasoning_contnet\" (a message has role, content, "
+       "reasoning_content, tool_calls)"},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"enable_thinking\": \"no\"}\n",
+       "error: stdin line 1: enable_thinking: expected true or false, got \"no\""},
       {"[1, 2]\n", "error: stdin line 1: expected a request object {\"prompt\": ...}, got an array"},
       {"{\"prompt_token_ids\": [1],}\n", "error: stdin line 1:1:26: expected a string key in the object"},
       {"\n \n", "error: stdin: no requests (one JSON object a line, such as {\"prompt\": \"introduce yourself\"})"},

@@ -367,6 +367,22 @@ void Json::set(std::string key, Json value) {
 // ---------------------------------------------------------------------------------------------------
 // Writer
 
+void check_fields(const Json& object, const std::vector<std::string_view>& known, std::string_view what) {
+  const std::vector<Json::Member>& members = object.as_object();
+  for (size_t i = 0; i < members.size(); i++) {
+    const std::string& key = members[i].first;
+    std::string quoted;
+    json_append_quoted(quoted, key);
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string list;
+      for (std::string_view k : known) list += std::string(list.empty() ? "" : ", ") + std::string(k);
+      fail("unknown field ", quoted, " (", what, " has ", list, ")");
+    }
+    for (size_t j = 0; j < i; j++)
+      if (members[j].first == key) fail("field ", quoted, " given twice");
+  }
+}
+
 void json_append_quoted(std::string& out, std::string_view s) {
   static const char* kHex = "0123456789abcdef";
   out += '"';

@@ -87,6 +87,11 @@ class Json {
   std::vector<Member> object_;
 };
 
+// For an object read as a request (a --requests line, a chat message), where a misspelt field would otherwise
+// be a silent default: throws Error `unknown field "max_token" (WHAT has a, b, c)` for a member not in `known`,
+// and `field "a" given twice` for a repeated one (which of the two was meant?). `object` must be an object.
+void check_fields(const Json& object, const std::vector<std::string_view>& known, std::string_view what);
+
 // Appends `s` as a JSON string literal (quotes included) to `out`. Invalid UTF-8 becomes U+FFFD.
 void json_append_quoted(std::string& out, std::string_view s);
 

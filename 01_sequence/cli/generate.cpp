@@ -145,20 +145,8 @@ float float_field(const Json& value, const char* field, double lo, double hi, bo
 Request parse_request_line(const Json& line, const SamplingParams& defaults, bool chat) {
   if (!line.is_object())
     fail("expected a request object {\"prompt\": ...}, got ", Json::type_name(line.type()));
-  static const std::vector<std::string> kFields = {"prompt", "prompt_token_ids", "messages", "enable_thinking",
-                                                   "max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed"};
-  std::vector<std::string> seen;
-  for (const auto& [key, value] : line.as_object()) {
-    if (std::find(kFields.begin(), kFields.end(), key) == kFields.end()) {
-      std::string known;
-      for (const std::string& f : kFields) known += (known.empty() ? "" : ", ") + f;
-      std::string quoted;
-      json_append_quoted(quoted, key);
-      fail("unknown field ", quoted, " (a request has ", known, ")");
-    }
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) fail("field \"", key, "\" given twice");
-    seen.push_back(key);
-  }
+  check_fields(line, {"prompt", "prompt_token_ids", "messages", "enable_thinking", "max_tokens", "temperature", "top_k",
+                      "top_p", "ignore_eos", "seed"}, "a request");
   const int prompts = int(line.find("prompt") != nullptr) + int(line.find("prompt_token_ids") != nullptr) +
                       int(line.find("messages") != nullptr);
   if (prompts != 1) fail("give exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\", got ", prompts);
@@ -178,9 +166,14 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
       r.ids.push_back(int32_t(integer_field(ids->as_array()[i], field.c_str(), 0, INT32_MAX)));
     }
   } else {
-    ChatRequest chat_request = parse_chat_request(line);  // "messages[1].role: ...", enable_thinking
+    const std::vector<ChatMessage> messages = parse_chat_messages(line.at("messages"));  // "messages[1].role: ..."
+    bool enable_thinking = true;  // the template's default
+    if (const Json* v = line.find("enable_thinking")) {
+      if (v->type() != Json::Type::Bool) fail("enable_thinking: expected true or false, got ", v->dump());
+      enable_thinking = v->as_bool();
+    }
     r.is_text = r.messages = true;
-    r.text = apply_chat_template(chat_request.messages, /*add_generation_prompt=*/true, chat_request.enable_thinking);
+    r.text = apply_chat_template(messages, /*add_generation_prompt=*/true, enable_thinking);
   }
 
   r.params = defaults;

@@ -100,32 +100,46 @@ std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool a
   return out;
 }
 
-ChatRequest parse_chat_request(const Json& request) {
-  if (!request.is_object()) fail("expected a request object {\"messages\": [...]}, got ", Json::type_name(request.type()));
-  ChatRequest result;
-  std::string where;
+std::vector<ChatMessage> parse_chat_messages(const Json& messages) {
+  std::vector<ChatMessage> result;
+  std::string where = "messages";
   try {
-    where = "messages";
-    const auto& messages = request.at("messages").as_array();
-    for (size_t i = 0; i < messages.size(); i++) {
-      const Json& m = messages[i];
-      where = "messages[" + std::to_string(i) + "]";
+    for (size_t i = 0; i < messages.as_array().size(); i++) {  // "messages: expected an array, got ..."
+      const Json& m = messages.as_array()[i];
+      const std::string at = "messages[" + std::to_string(i) + "]";
+      where = at;
       if (!m.is_object()) fail("expected an object with 'role' and 'content', got ", Json::type_name(m.type()));
+      check_fields(m, {"role", "content", "reasoning_content", "tool_calls"}, "a message");
       ChatMessage message;
       const Json& role = m.at("role");  // "messages[i]: missing field 'role'"
       const Json& content = m.at("content");
-      where += ".role";
+      where = at + ".role";
       message.role = role.as_string();
-      where = "messages[" + std::to_string(i) + "].content";
+      where = at + ".content";
       message.content = content.as_string();
-      where = "messages[" + std::to_string(i) + "].reasoning_content";
+      where = at + ".reasoning_content";
       if (const Json* r = m.find("reasoning_content"); r && !r->is_null()) message.reasoning_content = r->as_string();
-      where = "messages[" + std::to_string(i) + "].tool_calls";
+      where = at + ".tool_calls";
       // An array (a number or a string is a mistake, not "none"), and empty: tool calls are not supported.
       if (const Json* t = m.find("tool_calls"); t && !t->is_null() && !t->as_array().empty())
         fail("tool calls are not supported");
-      result.messages.push_back(std::move(message));
+      result.push_back(std::move(message));
     }
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
+  return result;
+}
+
+ChatRequest parse_chat_request(const Json& request) {
+  if (!request.is_object()) fail("expected a request object {\"messages\": [...]}, got ", Json::type_name(request.type()));
+  check_fields(request, {"messages", "add_generation_prompt", "enable_thinking", "tools"}, "a chat-template request");
+  ChatRequest result;
+  const Json* messages = request.find("messages");
+  if (!messages) fail("messages: missing field 'messages'");
+  result.messages = parse_chat_messages(*messages);
+  std::string where;
+  try {
     where = "tools";
     if (const Json* t = request.find("tools"); t && !t->is_null() && !t->as_array().empty()) fail("tools are not supported");
     where = "add_generation_prompt";

@@ -37,14 +37,19 @@ std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool a
 // One chat-template request, as the command line reads it:
 //   {"messages": [{"role": "...", "content": "..."}, ...], "add_generation_prompt": bool,
 //    "enable_thinking": bool}
-// The flags are optional (defaults as in transformers: false and true); other fields are ignored,
-// except tools, which are refused. Errors name the field ("messages[2].content: expected a string").
+// The flags are optional (defaults as in transformers: false and true; null means the default), and so is
+// "tools", which must be empty: tools are not supported. A message has "role", "content", and optionally
+// "reasoning_content" and an empty "tool_calls". Any other field, or one given twice, is refused, since a
+// misspelt one ("enable_thinkin", "reasoning_contnet") would otherwise change the prompt without a word.
+// Errors name the field ("messages[2].content: expected a string").
 struct ChatRequest {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = false;
   bool enable_thinking = true;
 };
 ChatRequest parse_chat_request(const Json& request);
+// The "messages" array alone, as parse_chat_request reads it (errors named "messages[i]...", or "messages: ...").
+std::vector<ChatMessage> parse_chat_messages(const Json& messages);
 
 // For --chat and chat-template, which render Qwen3's template: throws Error naming the file when the
 // tokenizer folder `dir` has no chat template (chat_template.jinja, or else tokenizer_config.json's

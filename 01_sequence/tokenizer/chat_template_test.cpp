@@ -127,7 +127,20 @@ TEST(Ch01_ChatTemplate, Errors) {
   EXPECT_NE(parse_error(R"({"messages":[{"role":"user","content":"","tool_calls":"x"}]})")
                 .find("messages[0].tool_calls: expected an array, got a string"),
             std::string::npos);
-  EXPECT_NO_THROW(parse_chat_request(Json::parse(R"({"messages":[],"tools":[],"tool_calls":null})", "t")));
+  EXPECT_NO_THROW(parse_chat_request(Json::parse(R"({"messages":[{"role":"user","content":"","tool_calls":null}],
+                                                     "tools":[],"enable_thinking":null})", "t")));
+  // A misspelt or repeated field would change the prompt without a word: refused, at both levels.
+  EXPECT_EQ(parse_error(R"({"messages":[],"enable_thinkin":false})"),
+            "unknown field \"enable_thinkin\" (a chat-template request has messages, add_generation_prompt, "
+            "enable_thinking, tools)");
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"assistant","content":"a","reasoning_contnet":"r"}]})"),
+            "messages[0]: unknown field \"reasoning_contnet\" (a message has role, content, reasoning_content, "
+            "tool_calls)");
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"user","content":"x","role":"system"}]})"),
+            "messages[0]: field \"role\" given twice");
+  EXPECT_EQ(parse_error(R"({"messages":[],"add_generation_prompt":true,"add_generation_prompt":false})"),
+            "field \"add_generation_prompt\" given twice");
+  EXPECT_EQ(parse_error(R"({"messages":{"role":"user"}})"), "messages: expected an array, got an object");
   EXPECT_NE(error_of([] { render({}); }).find("messages: empty"), std::string::npos);
   EXPECT_NE(error_of([] { render({{"user", "Q"}, {"tool", "42"}}); }).find("messages[1].role: 'tool'"),
             std::string::npos);
