@@ -364,9 +364,6 @@ void Json::set(std::string key, Json value) {
   object_.emplace_back(std::move(key), std::move(value));
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Writer
-
 void check_fields(const Json& object, const std::vector<std::string_view>& known, std::string_view what) {
   const std::vector<Json::Member>& members = object.as_object();
   for (size_t i = 0; i < members.size(); i++) {
@@ -382,6 +379,9 @@ void check_fields(const Json& object, const std::vector<std::string_view>& known
       if (members[j].first == key) fail("field ", quoted, " given twice");
   }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Writer
 
 void json_append_quoted(std::string& out, std::string_view s) {
   static const char* kHex = "0123456789abcdef";

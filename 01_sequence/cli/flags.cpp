@@ -121,8 +121,8 @@ LineReader::LineReader() : file_(stdin), name_("stdin") {
 
 LineReader::LineReader(const std::string& path) : file_(nullptr), name_(path) {
   struct stat st;
-  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail(path, ": cannot read: it is a directory");
-  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    fail(path, ": cannot read: ", S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
   file_ = std::fopen(path.c_str(), "rb");  // a missing file: fopen's own reason
   if (!file_) fail(path, ": cannot read: ", std::strerror(errno));
 }
