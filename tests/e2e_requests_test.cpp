@@ -118,6 +118,27 @@ TEST(E2E_Requests, MessagesAreRenderedAsTransformersRendersQwen3sTemplate) {
                            "{\"prompt\": " + content + "}\n");
   ASSERT_EQ(chat.exit_code, 0) << chat.err;
   EXPECT_EQ(json_lines(chat.out).at(0).at("prompt_token_ids").dump(), first.at("ids").dump());
+
+  // --no-thinking: the same turn with the template's empty thought, for --prompt under --chat and for messages
+  // without an enable_thinking of their own; a request's own enable_thinking wins.
+  const Json& unthinking = cases.as_array()[1];
+  ASSERT_FALSE(unthinking.at("enable_thinking").as_bool());
+  ASSERT_EQ(unthinking.at("messages").dump(), first.at("messages").dump());
+  auto flag = run_nanovllm("generate --device cpu --max-tokens 1 --json --chat --no-thinking --prompt " + content);
+  ASSERT_EQ(flag.exit_code, 0) << flag.err;
+  EXPECT_EQ(json_lines(flag.out).at(0).at("prompt_token_ids").dump(), unthinking.at("ids").dump());
+  const std::string messages = "{\"messages\": " + first.at("messages").dump();
+  auto both = run_nanovllm("generate --device cpu --max-tokens 1 --json --no-thinking --requests -",
+                           messages + "}\n" + messages + ", \"enable_thinking\": true}\n");
+  ASSERT_EQ(both.exit_code, 0) << both.err;
+  ASSERT_EQ(json_lines(both.out).size(), 2u);
+  EXPECT_EQ(json_lines(both.out)[0].at("prompt_token_ids").dump(), unthinking.at("ids").dump());
+  EXPECT_EQ(json_lines(both.out)[1].at("prompt_token_ids").dump(), first.at("ids").dump());
+  // Where no prompt goes through the template, the switch would change nothing: a usage error.
+  auto alone = run_nanovllm("generate --device cpu --no-thinking --prompt hi");
+  EXPECT_EQ(alone.exit_code, 2);
+  EXPECT_TRUE(test::is_one_error_line(alone.err)) << alone.err;
+  EXPECT_NE(alone.err.find("--no-thinking applies to prompts rendered by the chat template"), std::string::npos);
 }
 
 TEST(E2E_Requests, MistakesAreNamedByTheirLine) {

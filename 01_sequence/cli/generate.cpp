@@ -142,7 +142,10 @@ float float_field(const Json& value, const char* field, double lo, double hi, bo
 // and any of "max_tokens", "temperature", "top_k", "top_p", "ignore_eos" and "seed" override the command line's
 // --max-tokens ... --ignore-eos for this request ("seed" is the request's own, SamplingParams::seed). Any other
 // field, or one given twice, is refused rather than ignored: "max_token" would otherwise be a silent default.
-Request parse_request_line(const Json& line, const SamplingParams& defaults, bool chat) {
+//
+// `chat` is --chat; `thinking` is false under --no-thinking, for "prompt" under --chat and for "messages" without
+// an "enable_thinking" of their own.
+Request parse_request_line(const Json& line, const SamplingParams& defaults, bool chat, bool thinking) {
   if (!line.is_object())
     fail("expected a request object {\"prompt\": ...}, got ", Json::type_name(line.type()));
   check_fields(line, {"prompt", "prompt_token_ids", "messages", "enable_thinking", "max_tokens", "temperature", "top_k",
@@ -156,7 +159,7 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
   if (const Json* text = line.find("prompt")) {
     if (!text->is_string()) fail("prompt: expected a string, got ", Json::type_name(text->type()));
     r.is_text = true;
-    r.text = chat ? apply_chat_template({{"user", text->as_string()}}, true, true) : text->as_string();
+    r.text = chat ? apply_chat_template({{"user", text->as_string()}}, true, thinking) : text->as_string();
   } else if (const Json* ids = line.find("prompt_token_ids")) {
     if (chat) fail("--chat applies to text prompts, not to \"prompt_token_ids\"");
     if (!ids->is_array() || ids->as_array().empty())
@@ -167,7 +170,7 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
     }
   } else {
     const std::vector<ChatMessage> messages = parse_chat_messages(line.at("messages"));  // "messages[1].role: ..."
-    bool enable_thinking = true;  // the template's default
+    bool enable_thinking = thinking;  // the template's default, true, unless --no-thinking
     if (const Json* v = line.find("enable_thinking")) {
       if (v->type() != Json::Type::Bool) fail("enable_thinking: expected true or false, got ", v->dump());
       enable_thinking = v->as_bool();
@@ -201,7 +204,7 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
 // is parsed as it is read, and the input may hold 1 GiB (as a file read whole may) and 2^20 requests (each
 // costs the engine about a kilobyte, however short): a stream that never ends (`yes '{"prompt": "x"}'`) stops
 // there rather than filling the memory.
-std::vector<Request> read_requests(const std::string& path, const SamplingParams& defaults, bool chat) {
+std::vector<Request> read_requests(const std::string& path, const SamplingParams& defaults, bool chat, bool thinking) {
   constexpr size_t kMaxRequests = size_t(1) << 20;
   LineReader in = path == "-" ? LineReader() : LineReader(path);  // "PATH: cannot read: ..."
   std::vector<Request> requests;
@@ -217,7 +220,7 @@ std::vector<Request> read_requests(const std::string& path, const SamplingParams
     const std::string origin = in.name() + " line " + std::to_string(in.line_number());
     const Json line = Json::parse(text, origin);  // its errors start with the origin
     try {
-      requests.push_back(parse_request_line(line, defaults, chat));
+      requests.push_back(parse_request_line(line, defaults, chat, thinking));
     } catch (const Error& e) {
       fail(origin, ": ", e.what());
     }
@@ -231,7 +234,7 @@ std::vector<Request> read_requests(const std::string& path, const SamplingParams
 
 int cmd_generate(const Flags& flags) {
   const SamplingParams params = sampling_from(flags);
-  const bool chat = flags.has("chat");
+  const bool chat = flags.has("chat"), thinking = !flags.has("no-thinking");
   if (!flags.has("prompt") && !flags.has("prompt-ids") && !flags.has("requests"))
     throw UsageError("give at least one --prompt, --prompt-ids or --requests");
   if (chat && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
@@ -242,7 +245,8 @@ int cmd_generate(const Flags& flags) {
 
   // The requests in command-line order, read and checked before the model is loaded. --chat wraps each text
   // prompt in Qwen3's chat template as one user turn (nano-vllm's example.py), thinking enabled as the
-  // template's default.
+  // template's default, or, under --no-thinking, with the template's empty thought ("<think>\n\n</think>"),
+  // which Qwen3's hybrid models read as "answer without reasoning".
   std::vector<Request> requests;
   bool templated = chat;  // is Qwen3's chat template rendered for any request?
   for (const auto& [name, value] : flags.in_order()) {
@@ -252,12 +256,14 @@ int cmd_generate(const Flags& flags) {
       // Checked here, so that the error names the prompt and the offset in it as given (not in the chat
       // template around it).
       check_utf8(value, "prompt " + std::to_string(requests.size()));
-      requests.push_back({chat ? apply_chat_template({{"user", value}}, true, true) : value, {}, true, params, ""});
+      requests.push_back({chat ? apply_chat_template({{"user", value}}, true, thinking) : value, {}, true, params, ""});
     } else if (name == "requests") {
-      for (Request& r : read_requests(value, params, chat)) requests.push_back(std::move(r));
+      for (Request& r : read_requests(value, params, chat, thinking)) requests.push_back(std::move(r));
     }
   }
   for (const Request& r : requests) templated = templated || r.messages;  // rendered by the template too
+  if (!thinking && !templated)
+    throw UsageError("--no-thinking applies to prompts rendered by the chat template: give --chat, or \"messages\" in --requests");
   const auto first_text = std::find_if(requests.begin(), requests.end(), [](const Request& r) { return r.is_text; });
 
   // Before the model is loaded: a tokenizer folder whose chat template is not Qwen3's fails at once.

@@ -44,15 +44,18 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"generate", nanovllm::cmd_generate,
        plus(kEngineFlags, {"prompt", "prompt-ids", "requests", "max-tokens", "temperature", "top-k", "top-p"}),
-       plus(kEngineSwitches, {"chat", "ignore-eos", "json"}),
-       "generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3 | --requests FILE)... [--chat] [--max-tokens N] "
+       plus(kEngineSwitches, {"chat", "no-thinking", "ignore-eos", "json"}),
+       "generate [--model DIR] (--prompt TEXT | --prompt-ids 1,2,3 | --requests FILE)... [--chat [--no-thinking]] "
+       "[--max-tokens N] "
        "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--json] [engine options]",
        "--requests FILE (\"-\" reads stdin): JSON Lines, one request a line with sampling of its own (nano-vllm's\n"
        "generate(prompts, sampling_params) with one SamplingParams a prompt). Its prompt is one of\n"
        "  {\"prompt\": \"text\"}   {\"prompt_token_ids\": [1, 2, 3]}\n"
        "  {\"messages\": [{\"role\": \"user\", \"content\": \"...\"}], \"enable_thinking\": false}   (Qwen3's chat template)\n"
        "and any of \"max_tokens\", \"temperature\", \"top_k\", \"top_p\", \"ignore_eos\" and \"seed\" (its own random\n"
-       "numbers) override the flags for that request. Requests run in command-line order, file lines in their order.\n"},
+       "numbers) override the flags for that request. Requests run in command-line order, file lines in their order.\n"
+       "--no-thinking: prompts rendered by the chat template get its empty thought (enable_thinking false): Qwen3\n"
+       "answers without reasoning.\n"},
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
