@@ -503,7 +503,7 @@ TEST(E2E_Reliability, InvalidUtf8PromptNamesThePromptAndTheOffsetAsGiven) {
   for (const char* chat : {"", " --chat"}) {
     auto r = run_nanovllm(std::string("generate --device cpu --prompt ok --prompt \"$(printf 'ab\\377c')\"") + chat);
     EXPECT_EQ(r.exit_code, 1) << chat;
-    EXPECT_EQ(r.err, "error: prompt 1: invalid UTF-8 at byte offset 2 (byte 0xff)\n") << chat;
+    EXPECT_EQ(r.err, "error: request 1 (--prompt): invalid UTF-8 at byte offset 2 (byte 0xff)\n") << chat;
   }
 }
 

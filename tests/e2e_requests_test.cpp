@@ -210,6 +210,10 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
   auto missing = run_nanovllm("generate" + kCpuA + " --requests /no/such/requests.jsonl");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_EQ(missing.err, "error: /no/such/requests.jsonl: cannot read: No such file or directory\n");
+  // A missing model is told before stdin is read (here, before a stdin that is never closed would be).
+  auto no_model = run_nanovllm("generate --device cpu --model /no/such/model --requests - < /dev/zero");
+  EXPECT_EQ(no_model.exit_code, 1);
+  EXPECT_EQ(no_model.err, "error: /no/such/model/config.json: cannot read: No such file or directory\n");
   // A FIFO would wait for a writer: only a regular file is read (stdin, "-", is the way to pipe).
   test::TempDir dir;
   ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);
@@ -220,7 +224,17 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
   for (int i = 0; i <= (1 << 20); i++) many += "{\"prompt_token_ids\": [1]}\n";
   auto endless = run_nanovllm("generate" + kCpuA + " --requests -", many);
   EXPECT_EQ(endless.exit_code, 1);
-  EXPECT_EQ(endless.err, "error: stdin line 1048577: more than 1048576 requests\n");
+  EXPECT_EQ(endless.err, "error: stdin line 1048577: more than 1048576 requests in the run\n");
+  // The limit is the run's, over every file (here the same one twice), and blank lines do not count.
+  const std::string line = "{\"prompt_token_ids\": [1]}\n";
+  std::ofstream(dir / "half.jsonl") << many.substr(0, line.size() << 19) << "\n  \n";  // 2^19 requests, 2 blank lines
+  auto twice = run_nanovllm("generate" + kCpuA + " --requests " + (dir / "half.jsonl") + " --requests " +
+                            (dir / "half.jsonl") + " --no-thinking");  // all read, then a usage error
+  EXPECT_EQ(twice.exit_code, 2) << twice.err;
+  std::ofstream(dir / "half.jsonl", std::ios::app) << line;  // 2^19 + 1 a file: the second's 2^19th is one too many
+  auto over = run_nanovllm("generate" + kCpuA + " --requests " + (dir / "half.jsonl") + " --requests " +
+                           (dir / "half.jsonl"));
+  EXPECT_EQ(over.err, "error: " + (dir / "half.jsonl") + " line 524288: more than 1048576 requests in the run\n");
   // The flag itself: a value is needed, stdin is read once, and the other flags are checked before stdin is
   // read (a usage error, exit 2, however bad the requests).
   for (const char* args : {" --requests ''", " --requests - --requests -", " --requests - --max-num-seqs 0"}) {

@@ -1,6 +1,7 @@
 // files.cpp: reading, atomic writing, and stat() questions.
 #include "01_sequence/base/files.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,22 +12,41 @@
 
 namespace nanovllm {
 
+FILE* open_regular_file(const std::string& path, long long* size) {
+  // O_NONBLOCK: open() itself would wait for a writer on a FIFO, even one swapped in after a stat() of the
+  // path; checked on the descriptor, not the name, so nothing can change between the check and the read.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot read: ", errno == EISDIR ? "it is a directory" : std::strerror(errno));
+  struct stat st = {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool directory = S_ISDIR(st.st_mode);
+    close(fd);
+    fail(path, ": cannot read: ", directory ? "it is a directory" : "not a regular file");
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // reads of a regular file never block anyway
+  FILE* file = fdopen(fd, "rb");
+  if (!file) {
+    const int error = errno;
+    close(fd);
+    fail(path, ": cannot read: ", std::strerror(error));
+  }
+  if (size) *size = st.st_size;
+  return file;
+}
+
 std::string read_file(const std::string& path, FileLimit limit) {
-  if (is_directory(path)) fail(path, ": cannot read: it is a directory");
-  // A FIFO would block the open until a writer came, a device such as /dev/zero never end: only a regular
-  // file is read (a path that does not exist falls through to fopen's own error).
+  // Only a regular file is read: a FIFO would wait for a writer, a device such as /dev/zero never end.
   const auto too_large = [&](long long bytes) {
     const bool gib = limit.bytes % (1LL << 30) == 0;
     fail(path, ": cannot read: ", bytes, " bytes, more than the ", limit.bytes >> (gib ? 30 : 20), gib ? " GiB " : " MiB ",
          limit.kind, " may hold");
   };
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0) {
-    if (!S_ISREG(st.st_mode)) fail(path, ": cannot read: not a regular file");
-    if (st.st_size > limit.bytes) too_large(st.st_size);
+  long long size = 0;
+  FILE* f = open_regular_file(path, &size);
+  if (size > limit.bytes) {
+    std::fclose(f);
+    too_large(size);
   }
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(path, ": cannot read: ", std::strerror(errno));
   std::string text;
   char chunk[1 << 16];
   size_t n;

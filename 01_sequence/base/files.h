@@ -24,6 +24,11 @@ constexpr FileLimit kTokenizerFile{64LL << 20, "a tokenizer file"};  // tokenize
 // device (only a regular file is read), and for a file past `limit`.
 std::string read_file(const std::string& path, FileLimit limit = kAnyFile);
 
+// `path` opened for reading, if it is a regular file; its size in `*size` when asked. Throws Error "PATH: cannot
+// read: <reason>" ("it is a directory", "not a regular file", or the system's reason) without ever waiting:
+// a FIFO at the path is refused, not opened.
+FILE* open_regular_file(const std::string& path, long long* size = nullptr);
+
 // Writes `text` to PATH.tmp.<pid>, then renames it over `path`: a reader never sees half a file.
 void write_file(const std::string& path, const std::string& text);
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "01_sequence/base/files.h"
 #include "05_attention/attention.h"
 #include "06_tensor_parallel/linear.h"
 
@@ -119,13 +120,7 @@ LineReader::LineReader() : file_(stdin), name_("stdin") {
   if (S_ISDIR(st.st_mode)) fail("stdin: cannot read: it is a directory");
 }
 
-LineReader::LineReader(const std::string& path) : file_(nullptr), name_(path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    fail(path, ": cannot read: ", S_ISDIR(st.st_mode) ? "it is a directory" : "not a regular file");
-  file_ = std::fopen(path.c_str(), "rb");  // a missing file: fopen's own reason
-  if (!file_) fail(path, ": cannot read: ", std::strerror(errno));
-}
+LineReader::LineReader(const std::string& path) : file_(open_regular_file(path)), name_(path) {}
 
 LineReader::~LineReader() {
   if (file_ && file_ != stdin) std::fclose(file_);

@@ -53,13 +53,14 @@ std::string default_model() {
   return dir;
 }
 
+// The engine's settings from the flags, every value checked (a UsageError names the flag). Without --model, where
+// `default_allowed`, `model` is left empty for the caller to fill with default_model(), which may write it.
 EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   EngineConfig c;
   for (const char* name : {"model", "tokenizer"})
     if (f.has(name) && f.get(name).empty()) throw UsageError(std::string("--") + name + " expects a folder, got ''");
   c.model = f.get("model");
   if (c.model.empty() && !default_allowed) throw UsageError("--model DIR is required");
-  if (c.model.empty()) c.model = default_model();
   c.tokenizer = f.get("tokenizer");
   c.device = f.get("device");
   c.max_num_seqs = int(f.get_int("max-num-seqs", c.max_num_seqs, 1, 1 << 20));
@@ -199,24 +200,29 @@ Request parse_request_line(const Json& line, const SamplingParams& defaults, boo
   return r;
 }
 
+// How many requests, and bytes of them, a run may still read: 2^20 requests (each costs the engine about a
+// kilobyte, however short) and 1 GiB (what a file read whole may hold), over every --requests of the run, so
+// that a stream that never ends (`yes '{"prompt": "x"}'`) stops there rather than filling the memory.
+struct RequestsLeft {
+  size_t requests = size_t(1) << 20;
+  long long bytes = kAnyFile.bytes;
+};
+
 // The requests of `path` (JSON Lines; "-" reads stdin), one a non-blank line, each line's errors prefixed with
-// "PATH line N: ". Read before the model is loaded, so that a mistake in line 900 costs no loading. Each line
-// is parsed as it is read, and the input may hold 1 GiB (as a file read whole may) and 2^20 requests (each
-// costs the engine about a kilobyte, however short): a stream that never ends (`yes '{"prompt": "x"}'`) stops
-// there rather than filling the memory.
-std::vector<Request> read_requests(const std::string& path, const SamplingParams& defaults, bool chat, bool thinking) {
-  constexpr size_t kMaxRequests = size_t(1) << 20;
+// "PATH line N: ". Read before the model is loaded, so that a mistake in line 900 costs no loading, and parsed
+// line by line as they are read.
+std::vector<Request> read_requests(const std::string& path, const SamplingParams& defaults, bool chat, bool thinking,
+                                   RequestsLeft& left) {
   LineReader in = path == "-" ? LineReader() : LineReader(path);  // "PATH: cannot read: ..."
   std::vector<Request> requests;
-  long long bytes = 0;
   for (std::string text; in.next(text);) {
-    if ((bytes += (long long)text.size() + 1) > kAnyFile.bytes)
-      fail(in.name(), " line ", in.line_number(), ": more than ", kAnyFile.bytes >> 30, " GiB of requests");
-    if (requests.size() == kMaxRequests)
-      fail(in.name(), " line ", in.line_number(), ": more than ", kMaxRequests, " requests");
+    if ((left.bytes -= (long long)text.size() + 1) < 0)
+      fail(in.name(), " line ", in.line_number(), ": more than ", kAnyFile.bytes >> 30, " GiB of requests in the run");
     // A byte order mark, which Windows editors write at the start of a UTF-8 file, is not JSON: skipped.
     if (in.line_number() == 1 && text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate, as in JSON Lines files
+    if (left.requests-- == 0)
+      fail(in.name(), " line ", in.line_number(), ": more than ", RequestsLeft().requests, " requests in the run");
     const std::string origin = in.name() + " line " + std::to_string(in.line_number());
     const Json line = Json::parse(text, origin);  // its errors start with the origin
     try {
@@ -240,14 +246,17 @@ int cmd_generate(const Flags& flags) {
   if (chat && flags.has("prompt-ids")) throw UsageError("--chat applies to --prompt TEXT, not to --prompt-ids");
   const std::vector<std::string>& files = flags.get_all("requests");
   if (std::count(files.begin(), files.end(), "-") > 1) throw UsageError("--requests - (stdin) given twice");
-  // The flags first: a usage error is told at once, not after stdin's requests have been read.
-  const EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
+  // The flags first, and a model's config.json: a usage error or a missing model is told at once, not after
+  // stdin's requests have been read.
+  EngineConfig config = engine_config_from(flags, /*default_allowed=*/true);
+  if (!config.model.empty()) ModelConfig::load(config.model);  // "DIR/config.json: cannot read: ..."
 
   // The requests in command-line order, read and checked before the model is loaded. --chat wraps each text
   // prompt in Qwen3's chat template as one user turn (nano-vllm's example.py), thinking enabled as the
   // template's default, or, under --no-thinking, with the template's empty thought ("<think>\n\n</think>"),
   // which Qwen3's hybrid models read as "answer without reasoning".
   std::vector<Request> requests;
+  RequestsLeft left;
   bool templated = chat;  // is Qwen3's chat template rendered for any request?
   for (const auto& [name, value] : flags.in_order()) {
     if (name == "prompt-ids") {
@@ -255,10 +264,10 @@ int cmd_generate(const Flags& flags) {
     } else if (name == "prompt") {
       // Checked here, so that the error names the prompt and the offset in it as given (not in the chat
       // template around it).
-      check_utf8(value, "prompt " + std::to_string(requests.size()));
+      check_utf8(value, "request " + std::to_string(requests.size()) + " (--prompt)");
       requests.push_back({chat ? apply_chat_template({{"user", value}}, true, thinking) : value, {}, true, params, ""});
     } else if (name == "requests") {
-      for (Request& r : read_requests(value, params, chat, thinking)) requests.push_back(std::move(r));
+      for (Request& r : read_requests(value, params, chat, thinking, left)) requests.push_back(std::move(r));
     }
   }
   for (const Request& r : requests) templated = templated || r.messages;  // rendered by the template too
@@ -266,6 +275,7 @@ int cmd_generate(const Flags& flags) {
     throw UsageError("--no-thinking applies to prompts rendered by the chat template: give --chat, or \"messages\" in --requests");
   const auto first_text = std::find_if(requests.begin(), requests.end(), [](const Request& r) { return r.is_text; });
 
+  if (config.model.empty()) config.model = default_model();  // written now, once the requests are known to be good
   // Before the model is loaded: a tokenizer folder whose chat template is not Qwen3's fails at once.
   const std::string tokenizer_dir = config.tokenizer.empty() ? config.model : config.tokenizer;
   if (templated && optional_file_exists(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
