@@ -26,7 +26,7 @@ struct AttentionMetadata {
   // Prefill only:
   Tensor cu_seqlens_q;  // (num_seqs + 1,) i32: query rows of sequence b are [cu_q[b], cu_q[b+1])
   Tensor cu_seqlens_k;  // (num_seqs + 1,) i32: sequence b attends to cu_k[b+1] - cu_k[b] keys
-  int max_seqlen_q = 0, max_seqlen_k = 0;
+  int max_seqlen_q = 0;
   // Decode only:
   Tensor context_lens;  // (num_seqs,) i32: keys to attend to, the current token's included; 0 = padding
   int max_context_len = 0;  // an upper bound, for sizing the work
@@ -141,18 +141,13 @@ class Backend {
   virtual void linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) {
     linear(out, x, weight);
   }
-  // In place on qkv (n, qkv_dim): per-head RMSNorm of q and k, then RoPE at positions (n,) i32, using
-  // cos/sin tables (max_positions, head_dim / 2) F32.
-  virtual void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
-                            const Tensor& cos, const Tensor& sin, const HeadLayout& heads, float eps) = 0;
-  // Writes the k and v parts of qkv (n, qkv_dim) into one layer's cache (num_blocks, block_size, kv_dim).
-  virtual void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
-                             const Tensor& slot_mapping, const HeadLayout& heads) = 0;
-  // qk_norm_rope, then store_kvcache, as one operation: what the model calls (the two above stay, for
-  // tests and for reading). qkv (n, qkv_dim) act, q normed and rotated in place; k_cache, v_cache
-  // (num_blocks, block_size, kv_dim) act; slot_mapping (n,) i32, -1 = skip. On the CPU it is exactly the
-  // two references in sequence; on the GPU one kernel that reads q, k and v once and leaves qkv's k raw
-  // (attention reads keys from the cache only; 04_model_runner/NOTES.md sections 1 and 17).
+  // Per-head RMSNorm of q and k, then RoPE at positions (n,) i32 with cos/sin tables (max_positions,
+  // head_dim / 2) F32, then k and v written into one layer's cache: qkv (n, qkv_dim) act, q normed and
+  // rotated in place; k_cache, v_cache (num_blocks, block_size, kv_dim) act; slot_mapping (n,) i32, -1 = skip.
+  // On the CPU it is exactly the two references in sequence (qk_norm_rope_cpu, store_kvcache_cpu); on the GPU
+  // one kernel that reads q, k and v once and leaves qkv's k raw (attention reads keys from the cache only;
+  // 04_model_runner/NOTES.md sections 1 and 17), whose test checks it against the two kernels it replaced,
+  // qk_norm_rope_cuda and store_kvcache_cuda.
   virtual void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                   const Tensor& positions, const Tensor& cos, const Tensor& sin, const Tensor& k_cache,
                                   const Tensor& v_cache, const Tensor& slot_mapping, const HeadLayout& heads,

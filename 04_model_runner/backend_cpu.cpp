@@ -42,17 +42,6 @@ class CpuBackend final : public Backend {
     assert(x.row_size() == weight.shape[1] && out.row_size() == weight.shape[0]);
     linear_cpu(f32(out), f32(x), f32(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0]));
   }
-  void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
-                    const Tensor& cos, const Tensor& sin, const HeadLayout& h, float eps) override {
-    qk_norm_rope_cpu(f32(qkv), qkv.row_size(), f32(q_norm), f32(k_norm), i32(positions), f32(cos), f32(sin),
-                     int(qkv.rows()), h.num_heads, h.num_kv_heads, h.head_dim, eps);
-  }
-  void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
-                     const HeadLayout& h) override {
-    const float* k = f32(qkv) + h.q_dim();
-    store_kvcache_cpu(f32(k_cache), f32(v_cache), k, k + h.kv_dim(), qkv.row_size(), i32(slot_mapping),
-                      int(qkv.rows()), h.kv_dim());
-  }
   void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                           const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& slot_mapping, const HeadLayout& h, float eps) override {

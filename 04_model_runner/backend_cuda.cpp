@@ -183,17 +183,6 @@ class CudaBackend final : public Backend {
     linear_->run(out.data, out.dtype == DType::F32, b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
                  int(weight.shape[0]), spare);
   }
-  void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
-                    const Tensor& cos, const Tensor& sin, const HeadLayout& h, float eps) override {
-    qk_norm_rope_cuda(b16(qkv), qkv.row_size(), b16(q_norm), b16(k_norm), i32(positions), f32(cos), f32(sin),
-                      int(qkv.rows()), h.num_heads, h.num_kv_heads, h.head_dim, eps, stream_);
-  }
-  void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
-                     const HeadLayout& h) override {
-    const bf16* k = b16(qkv) + h.q_dim();
-    store_kvcache_cuda(b16(k_cache), b16(v_cache), k, k + h.kv_dim(), qkv.row_size(), i32(slot_mapping),
-                       int(qkv.rows()), h.kv_dim(), stream_);
-  }
   void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                           const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& slot_mapping, const HeadLayout& h, float eps) override {

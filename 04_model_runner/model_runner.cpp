@@ -14,10 +14,6 @@ namespace nanovllm {
 
 namespace {
 
-// The CPU has no memory figure as telling as the GPU's: the KV cache budget there is a stated size,
-// --cpu-memory-mib (EngineConfig::cpu_memory_mib, 512 MiB by default: a CPU run is for tiny models), put
-// through the GPU's formula, so --gpu-memory-utilization changes it too; but always room for one sequence
-// of max_model_len, and --kv-cache-blocks overrides it.
 // GPU memory kept out of the KV cache for what we do not allocate ourselves: CUDA graphs, the CUDA
 // context's own growth, cuBLAS internals.
 constexpr size_t kGpuReserveBytes = size_t(256) << 20;
@@ -193,6 +189,10 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   if (blocks_given) {
     num_blocks_ = config.num_kvcache_blocks;
   } else if (b0.device() == Device::CPU) {
+    // The CPU has no memory figure as telling as the GPU's: the KV cache budget there is a stated size,
+    // --cpu-memory-mib (EngineConfig::cpu_memory_mib, 512 MiB by default: a CPU run is for tiny models), put
+    // through the GPU's formula, so --gpu-memory-utilization changes it too; but always room for one sequence
+    // of max_model_len (--kv-cache-blocks, above, overrides it).
     const double budget = double(config.cpu_memory_mib) * (1 << 20) * config.gpu_memory_utilization - double(allocated_bytes());
     num_blocks_ = std::max(budget > 0 ? int(budget / double(kv_block_bytes_)) : 0, block_table_width_);
   } else {
@@ -410,7 +410,6 @@ ForwardInputs ModelRunner::upload(Rank& r, const StepInputs& in, int max_context
   m.cu_seqlens_q = r.step.cu_seqlens_q.slice_rows(0, B + 1);
   m.cu_seqlens_k = r.step.cu_seqlens_k.slice_rows(0, B + 1);
   m.max_seqlen_q = in.max_seqlen_q;
-  m.max_seqlen_k = in.max_seqlen_k;
   m.context_lens = r.step.context_lens.slice_rows(0, B);
   m.max_context_len = max_context_len;
   m.scratch = Tensor(r.attention_scratch.data(), DType::F32, r.backend->device(), {int64_t(r.attention_scratch.bytes() / 4)});

@@ -89,7 +89,6 @@ class ModelRunner {
 
   const ModelConfig& model_config() const { return ranks_[0]->model->config(); }
   Device device() const { return ranks_[0]->backend->device(); }
-  int tensor_parallel_size() const { return int(ranks_.size()); }
   int num_kvcache_blocks() const { return num_blocks_; }
   size_t kv_cache_bytes() const { return kv_block_bytes_ * size_t(num_blocks_); }  // all ranks together
   size_t kv_block_bytes() const { return kv_block_bytes_; }                       // all ranks together

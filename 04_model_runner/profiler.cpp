@@ -97,15 +97,6 @@ void ProfiledBackend::linear(const Tensor& out, const Tensor& x, const Tensor& w
 void ProfiledBackend::linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) {
   timed(linear_label("linear ", x, weight), [&] { inner_->linear_before_attention(out, x, weight); });
 }
-void ProfiledBackend::qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
-                                   const Tensor& positions, const Tensor& cos, const Tensor& sin,
-                                   const HeadLayout& heads, float eps) {
-  timed("qk_norm_rope", [&] { inner_->qk_norm_rope(qkv, q_norm, k_norm, positions, cos, sin, heads, eps); });
-}
-void ProfiledBackend::store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv,
-                                    const Tensor& slot_mapping, const HeadLayout& heads) {
-  timed("store_kvcache", [&] { inner_->store_kvcache(k_cache, v_cache, qkv, slot_mapping, heads); });
-}
 void ProfiledBackend::qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                                          const Tensor& positions, const Tensor& cos, const Tensor& sin,
                                          const Tensor& k_cache, const Tensor& v_cache, const Tensor& slot_mapping,
@@ -155,6 +146,18 @@ void ProfiledBackend::linear_add(const Tensor& residual, const Tensor& x, const 
 void ProfiledBackend::silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) {
   timed(linear_label("silu+linear+add ", gate_up, weight),
         [&] { inner_->silu_linear_add(residual, gate_up, weight); });
+}
+void ProfiledBackend::linear_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden,
+                                         const Tensor& x, const Tensor& weight, const Tensor& norm_weight, float eps) {
+  // One label whichever way the inner backend runs it: with linear version 8 the norm adds the projection's
+  // split-K partials, and there is no product of its own to time apart.
+  timed(linear_label("linear+add_rmsnorm ", x, weight),
+        [&] { inner_->linear_add_rmsnorm(out, residual, hidden, x, weight, norm_weight, eps); });
+}
+void ProfiledBackend::linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
+                                    const Tensor& rows, bool all_logits) {
+  timed(linear_label("linear+sample ", x, weight),
+        [&] { inner_->linear_sample(tokens, logits, x, weight, rows, all_logits); });
 }
 void ProfiledBackend::gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) {
   timed("gather_rows", [&] { inner_->gather_rows(out, x, rows); });

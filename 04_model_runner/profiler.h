@@ -3,11 +3,13 @@
 //
 // ProfiledBackend wraps the runner's Backend and forwards every operation, timing each: with CUDA
 // events on the backend's stream on the GPU (kernel time, launch gaps excluded), with the host clock on
-// the CPU (where an operation has finished when it returns). Times are summed per label:
+// the CPU (where an operation has finished when it returns). It runs what the engine runs: every fused
+// path the inner backend takes, it takes too. Times are summed per label:
 //   "linear 256x1024->4096" (rows x in -> out), "attention decode", "add_rmsnorm", ...; a fused
 //   qk_norm_rope_store_attention is one label, "qk_norm_rope_store + attention decode", and so is each fused
 //   projection, "rmsnorm+linear 1x1024->4096", "linear+add 1x2048->1024", "silu+linear+add 1x3072->1024",
-//   "linear+silu 16x1024->6144".
+//   "linear+silu 16x1024->6144", "linear+sample 16x1024->151936"; a projection and the norm after it
+//   (linear_add_rmsnorm) is "linear+add_rmsnorm 64x2048->1024", one or two kernels as the inner backend runs it.
 // Under a CUDA graph replay no operation runs one by one: profile eager steps only.
 #pragma once
 
@@ -71,10 +73,6 @@ class ProfiledBackend final : public Backend {
                    float eps) override;
   void linear(const Tensor& out, const Tensor& x, const Tensor& weight) override;
   void linear_before_attention(const Tensor& out, const Tensor& x, const Tensor& weight) override;
-  void qk_norm_rope(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
-                    const Tensor& cos, const Tensor& sin, const HeadLayout& heads, float eps) override;
-  void store_kvcache(const Tensor& k_cache, const Tensor& v_cache, const Tensor& qkv, const Tensor& slot_mapping,
-                     const HeadLayout& heads) override;
   void qk_norm_rope_store(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm, const Tensor& positions,
                           const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
                           const Tensor& slot_mapping, const HeadLayout& heads, float eps) override;
@@ -95,6 +93,11 @@ class ProfiledBackend final : public Backend {
                       const Tensor& weight) override;
   void linear_add(const Tensor& residual, const Tensor& x, const Tensor& weight) override;
   void silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) override;
+  void linear_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden, const Tensor& x,
+                          const Tensor& weight, const Tensor& norm_weight, float eps) override;
+  bool fuses_linear_sample(int64_t rows) const override { return inner_->fuses_linear_sample(rows); }
+  void linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
+                     const Tensor& rows, bool all_logits) override;
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override;
   void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) override;
   void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override;

@@ -95,12 +95,6 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t count) const {
   return t;
 }
 
-Tensor Tensor::reshape(std::initializer_list<int64_t> dims) const {
-  Tensor t(data, dtype, device, dims);
-  if (t.numel() != numel()) fail("reshape changes the number of elements (", numel(), " -> ", t.numel(), ")");
-  return t;
-}
-
 Tensor Arena::take(DType dtype, std::initializer_list<int64_t> dims) {
   Tensor t(nullptr, dtype, device_, dims);
   const size_t bytes = aligned(t.nbytes());

@@ -59,8 +59,6 @@ struct Tensor {
   int64_t row_size() const { return rows() ? numel() / rows() : 0; }  // elements per row
   // Rows [begin, begin + count) of the first dimension.
   Tensor slice_rows(int64_t begin, int64_t count) const;
-  // The same memory seen with another shape (same number of elements).
-  Tensor reshape(std::initializer_list<int64_t> dims) const;
 
   template <class T>
   T* as() const {

@@ -1,6 +1,7 @@
-// qk_norm_rope.cuh: the per-head qk-norm and RoPE of Qwen3 as three warp-wide device helpers (and a fourth
-// that copies a v head to the cache as it is), shared by every kernel that norms or rotates a head: the
-// decode kernel of v9, v10 and v11 when it does that work itself (decode_attention_fused_cuda), and chapter 04's
+// qk_norm_rope.cuh: the per-head qk-norm and RoPE of Qwen3 as warp-wide device helpers (load_head,
+// load_norm_rope_factors, norm_rope_head, store_head, and copy_head, which copies a v head to the cache as it
+// is), shared by every kernel that norms or rotates a head: the decode kernel of v9, v10 and v11 when it does
+// that work itself (decode_attention_fused_cuda), and chapter 04's
 // qk_norm_rope_kernel and qk_norm_rope_store_kernel (04_model_runner/layers.cu). Here rather than in
 // chapter 04 because chapter 04 depends on this chapter, not the other way round. One set of helpers, so
 // that every path computes the same bits.
@@ -13,7 +14,7 @@ namespace nanovllm {
 
 // One head of q or k, held by one warp: lane l holds PER_LANE = HEAD_DIM / 64 consecutive elements of
 // each half, x1[e] = x[j] and x2[e] = x[j + HEAD_DIM/2] with j = l * PER_LANE + e (head_dim 128: 2 each,
-// j in [0, 63]). Every head of every kernel that norms or rotates one goes through these three helpers, so
+// j in [0, 63]). Every head of every kernel that norms or rotates one goes through these helpers, so
 // that the fused kernels compute exactly the bits of the ones they replace.
 template <int HEAD_DIM>
 __device__ inline void load_head(const bf16* x, float (&x1)[HEAD_DIM / 64], float (&x2)[HEAD_DIM / 64], int lane) {

@@ -98,8 +98,6 @@ class CudaCommunicator {
   CudaCommunicator& operator=(const CudaCommunicator&) = delete;
 
   int world_size() const { return int(devices_.size()); }
-  int device(int rank) const { return devices_.at(size_t(rank)); }
-  Collectives collectives() const { return collectives_; }
 
   // x[r]: rank r's (n,) bf16 tensor on devices[r], for every r (the same array on every rank). Called by
   // rank `rank` on `stream`, a stream of devices[rank]. Afterwards every x[r] holds the sum over ranks,

@@ -34,7 +34,6 @@ class Barrier {
 class CpuCommunicator {
  public:
   explicit CpuCommunicator(int world_size);
-  int world_size() const { return world_size_; }
 
   // x (n,) of every rank becomes the elementwise sum over ranks, added in rank order 0, 1, ..., N-1, so
   // that every rank holds the same bits.

@@ -142,7 +142,8 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                        left to the norm after it (CudaLinear::run_partials, Backend::linear_add_rmsnorm):
 //                        the blocks of a split need no cluster. The default, the fastest measured
 //                        (04_model_runner/NOTES.md, section 2, "v6's split-K sum in the norm after it")
-// cumulative up to 3, as 05_attention's kernel versions; the same binary measures each step of the ladder.
+// Versions 2 and 3 each add to the one before; 4 and 5 add one kernel to 2, 7 and 8 one use of v6 to 6. Every
+// version runs in the same binary, so each step of the ladder is measured against the one it builds on.
 namespace nanovllm {
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 8, kLinearVersionDefault = 8;
 
@@ -208,10 +209,6 @@ void linear_gemv_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes);
 // The in_features each of `splits` takes: whole 64-deep stages, with splits x depth >= in_features.
 int linear_split_k_depth(int in_features, int splits);
-// y (n_by_out elements) = the sum of partial[s] (n_by_out fp32 each) over s < splits, added in split order
-// and rounded once: the second kernel of every split-K projection (v4).
-void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t n_by_out, int splits,
-                       cudaStream_t stream);
 bool linear_split_k_fits(const bf16* x, const bf16* W, int n, int in_features);
 void linear_split_k_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
                          int out_features, void* workspace, size_t workspace_bytes, cudaStream_t stream);
@@ -327,7 +324,8 @@ void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in
 // sample_from_keys_cuda turns the keys into tokens and samples the top-k / top-p rows again). tokens (n,)
 // as sample_cuda gives them from those logits; logits (n, vocab) fp32 receives only the rows that ask for
 // top-k or top-p, or every row with all_logits. best_keys (n,) and broken (n,) must be zero, and are again
-// after the call. One block of 64 or 128 rows per 128 vocabulary entries, two blocks an SM.
+// after the call. One block of 64 or 128 rows per 128 vocabulary entries: four blocks an SM at up to 64 rows (2
+// stages), two at 65-128 (3 stages).
 void linear_sample_cuda(int32_t* tokens, float* logits, const bf16* x, const bf16* W, int n, int in_features,
                         int vocab, const SamplingRow* rows, unsigned long long* best_keys, int* broken,
                         bool all_logits, cudaStream_t stream);

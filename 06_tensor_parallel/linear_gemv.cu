@@ -16,8 +16,7 @@
 // warps of the block, one round each, so that every weight is requested before the kernel's wait instead
 // of one round per round trip after it; the warps' sums meet in shared memory, added in split order.
 //
-// Versions of the projection (linear.h): v1 cublasGemmEx, v2 this kernel, v3 cuBLASLt with a timed
-// algorithm, v4 to v7 our other kernels. Prediction and measurement: 04_model_runner/NOTES.md. The CPU reference is linear_cpu.
+// This is v2 of the projection's versions (linear.h lists them all). Prediction and measurement: 04_model_runner/NOTES.md. The CPU reference is linear_cpu.
 #include <algorithm>
 #include <cstdint>
 

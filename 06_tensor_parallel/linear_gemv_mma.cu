@@ -25,8 +25,7 @@
 // every weight the block needs is asked for, into registers, before the kernel waits for the one writing x.
 // The warps' accumulators then meet in shared memory, every thread adding one output's in warp order.
 //
-// Versions of the projection (linear.h): v1 cuBLAS, v2 CUDA-core GEMV, v3 cuBLASLt, v4 split-K GEMM, v5
-// this file. CPU reference: linear_cpu. Prediction and measurement: 04_model_runner/NOTES.md.
+// This is v5 of the projection's versions (linear.h lists them all). CPU reference: linear_cpu. Prediction and measurement: 04_model_runner/NOTES.md.
 #include <algorithm>
 #include <cstdint>
 

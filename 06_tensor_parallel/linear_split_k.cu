@@ -17,7 +17,7 @@
 // mma.sync m16n8k16 (05_attention/v5_tensor_core_prefill.cu's header explains both), fp32 accumulation.
 // W's rows are (out, in) with in contiguous: the "column-major" B operand as it stands, no transpose.
 //
-// Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 this file. CPU reference:
+// This is v4 of the projection's versions (linear.h lists them all). CPU reference:
 // linear_cpu. Prediction and measurement: 04_model_runner/NOTES.md.
 #include <cstdint>
 
@@ -167,17 +167,6 @@ void launch_split_k(OutT* y, const bf16* x, const bf16* W, int n, int in, int ou
 }
 
 }  // namespace
-
-void add_partials_cuda(void* y, bool y_is_fp32, const float* partial, int64_t elems, int splits, cudaStream_t stream) {
-  const unsigned blocks = unsigned((elems + 255) / 256);
-  if (y_is_fp32)
-    launch_overlapped(linear_split_k_reduce_kernel<float>, blocks, 256, 0, stream, static_cast<float*>(y), partial,
-                      elems, splits);
-  else
-    launch_overlapped(linear_split_k_reduce_kernel<bf16>, blocks, 256, 0, stream, static_cast<bf16*>(y), partial,
-                      elems, splits);
-  CUDA_CHECK_LAUNCH();
-}
 
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes) {
   // Enough blocks for two per SM on a 132-SM GPU, at most 16 splits, in_features / splits at least two

@@ -37,8 +37,8 @@
 // reads without a transpose. (The first version loaded with cp.async, each thread its 16-byte chunks:
 // commit 282a2cd; the copy engine made it 6-10% faster at 256 rows.)
 //
-// Versions of the projection (linear.h): v1 cuBLAS, v2 GEMV, v3 cuBLASLt, v4 split-K mma.sync, v5 GEMV
-// on tensor cores, v6 this file, v7 the fused GEMV of linear_prefetch.cu. CPU reference: linear_cpu. Prediction and measurement:
+// This is v6 of the projection's versions (linear.h lists them all; version 8 is v6 with its split-K sum left to
+// the norm after it, the PARTIALS kind below). CPU reference: linear_cpu. Prediction and measurement:
 // 04_model_runner/NOTES.md, section 2.
 #include <algorithm>
 #include <cstdint>

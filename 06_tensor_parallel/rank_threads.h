@@ -22,8 +22,6 @@ class RankThreads {
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
 
-  int world_size() const { return world_size_; }
-
   // Runs job(rank) on every rank at once and returns when all have finished. If any rank threw, the
   // first exception is rethrown here.
   void run(const std::function<void(int rank)>& job);

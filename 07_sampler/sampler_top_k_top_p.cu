@@ -52,8 +52,8 @@
 // the CPU sums doubles: when a cumulative sum is within rounding error of top_p * Z (at worst 2^-45 per
 // token: 4e-9 of the largest mass for 151,936 tokens), the two can cut after different tokens. (2) The
 // GPU's logf may differ from the host's by an ulp, so two Gumbel scores within an ulp can be ordered
-// differently (as in sample_kernel). (3) Rows with a NaN or an infinite maximum give -1 here; the CPU
-// does not define them.
+// differently (as in sample_kernel). Rows with a NaN or an infinite maximum give -1 here, as on the CPU
+// (sampler.h).
 //
 // Cost: up to 10 reads of the row (600 KB for Qwen3's 151,936 tokens) and a double-precision exp per
 // counted logit in each of passes 5-8 (the whole top-k set in pass 5, those matching the prefix after), fast on an H100/H200 (FP64 at half the FP32 rate), about 30x slower on consumer GPUs

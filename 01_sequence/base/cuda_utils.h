@@ -197,8 +197,8 @@ __device__ inline float block_sum(float v) {
 }
 
 // SiLU(gate) * up in fp32, the MLP's activation (nano-vllm's SiluAndMul): the one expression of every
-// kernel that applies it (04_model_runner/layers.cu's silu_and_mul, 06_tensor_parallel's v6 and v7), so
-// that fused and separate kernels give the same bits.
+// kernel that applies it (04_model_runner/layers.cu's silu_and_mul, 06_tensor_parallel's v2, v5, v6 and v7),
+// so that fused and separate kernels give the same bits.
 __device__ inline float silu_times(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
 
 #endif  // __CUDACC__

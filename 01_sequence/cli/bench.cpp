@@ -381,8 +381,9 @@ int cmd_bench_step(const Flags& flags) {
   for (const OpTime& op : ops) {
     // Bytes an operation must move at least: attention reads every context token's K and V; a linear
     // layer, fused or not ("linear 1x1024->4096", "rmsnorm+linear 1x1024->4096", "linear+add ...",
-    // "silu+linear+add ...", "linear+silu ..."), reads its weight and activations and writes its output
-    // (linear+silu: out / 2 columns).
+    // "silu+linear+add ...", "linear+silu ...", "linear+add_rmsnorm ...", "linear+sample ..."), reads its
+    // weight and activations and writes its output (linear+silu: out / 2 columns; linear+sample: a token a
+    // row, no logits at least).
     double bytes = 0;
     int n = 0, in = 0, out = 0;
     const size_t shape_at = op.label.rfind(' ');
@@ -390,7 +391,9 @@ int cmd_bench_step(const Flags& flags) {
       bytes = double(batch) * context * kv_bytes_per_token_layer * op.calls;
     } else if (op.label.find("linear") != std::string::npos && shape_at != std::string::npos &&
                std::sscanf(op.label.c_str() + shape_at, " %dx%d->%d", &n, &in, &out) == 3) {
-      const double out_columns = op.label.rfind("linear+silu ", 0) == 0 ? out / 2.0 : double(out);
+      const double out_columns = op.label.rfind("linear+silu ", 0) == 0     ? out / 2.0
+                                 : op.label.rfind("linear+sample ", 0) == 0 ? 0.0
+                                                                            : double(out);
       bytes = (double(in) * out + double(n) * in) * 2 * op.calls +
               double(n) * out_columns * (out == mc.vocab_size ? 4 : 2) * op.calls;
     }

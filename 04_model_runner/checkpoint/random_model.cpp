@@ -256,7 +256,7 @@ constexpr int kFilesWithoutTokenizer = 3;
 // The folder being written, for the signal handler: fixed buffers, since a handler may only call
 // async-signal-safe functions (unlink, rmdir, signal, raise).
 char g_temp_dir[4096];
-char g_temp_suffix[32];  // ".tmp.<pid>": write_text_file / write_safetensors write FILE.tmp.<pid> first
+char g_temp_suffix[32];  // ".tmp.<pid>": write_file / write_safetensors write FILE.tmp.<pid> first
 volatile sig_atomic_t g_writing = 0;
 
 void append(char* out, size_t size, const char* text) {

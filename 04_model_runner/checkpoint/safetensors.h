@@ -118,7 +118,6 @@ class Checkpoint {
 
  private:
   Checkpoint() = default;
-  void add_file(SafetensorsFile file);
 
   std::string dir_;
   std::vector<SafetensorsFile> files_;          // owns the mappings the views point into
