@@ -424,7 +424,7 @@ TEST(E2E_Reliability, OutOfRangeTopPShowsEnoughDigits) {
   // checked on the value as written, before it becomes a float, and the message quotes that text.
   auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1 --top-p 1.0000001");
   EXPECT_EQ(r.exit_code, 2);  // an option's value: a usage error
-  EXPECT_EQ(r.err.rfind("error: --top-p must be in [0, 1], got 1.0000001 (usage: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.rfind("error: --top-p must be in (0, 1], got 1.0000001 (usage: ", 0), 0u) << r.err;
 }
 
 TEST(E2E_Reliability, BlankLinesKeepOutputAlignedWithInput) {

@@ -84,7 +84,7 @@ int64_t Flags::get_int(const std::string& name, int64_t fallback, int64_t lo, in
   return value;
 }
 
-double Flags::get_double(const std::string& name, double fallback, double lo, double hi) const {
+double Flags::get_double(const std::string& name, double fallback, double lo, double hi, bool open_low) const {
   if (!has(name)) return fallback;
   std::string text = get(name);
   char* end = nullptr;
@@ -94,9 +94,9 @@ double Flags::get_double(const std::string& name, double fallback, double lo, do
   double value = std::strtod(text.c_str(), &end);
   if (!decimal || end != text.c_str() + text.size() || !std::isfinite(value))
     throw UsageError("--" + name + " expects a number, got '" + text + "'");
-  if (value < lo || value > hi) {
+  if (value < lo || (open_low && value == lo) || value > hi) {
     std::ostringstream message;
-    message << "--" << name << " must be in [" << lo << ", " << hi << "], got " << text;
+    message << "--" << name << " must be in " << (open_low ? "(" : "[") << lo << ", " << hi << "], got " << text;
     throw UsageError(message.str());
   }
   return value;

@@ -35,9 +35,10 @@ class Flags {
   // The value given for a value flag (the last, for a repeatable one), or `fallback` when absent.
   std::string get(const std::string& name, const std::string& fallback = "") const;
   const std::vector<std::string>& get_all(const std::string& name) const;
-  // Numeric values, checked against [lo, hi]; a malformed or out-of-range value is a UsageError.
+  // Numeric values, checked against [lo, hi] (or (lo, hi] with open_low); a malformed or out-of-range value is a
+  // UsageError naming the range.
   int64_t get_int(const std::string& name, int64_t fallback, int64_t lo, int64_t hi) const;
-  double get_double(const std::string& name, double fallback, double lo, double hi) const;
+  double get_double(const std::string& name, double fallback, double lo, double hi, bool open_low = false) const;
   uint64_t get_uint64(const std::string& name, uint64_t fallback) const;
   // Every value flag in command-line order, as (name, value): keeps --prompt / --prompt-ids interleaved.
   const std::vector<std::pair<std::string, std::string>>& in_order() const { return in_order_; }

@@ -92,7 +92,8 @@ SamplingParams sampling_from(const Flags& f) {
   p.temperature = float(f.get_double("temperature", p.temperature, 0, 1e30));
   p.max_tokens = int(f.get_int("max-tokens", p.max_tokens, 1, INT32_MAX));
   p.top_k = int(f.get_int("top-k", p.top_k, 0, INT32_MAX));
-  p.top_p = float(f.get_double("top-p", p.top_p, 0, 1));
+  p.top_p = float(f.get_double("top-p", p.top_p, 0, 1, /*open_low=*/true));
+  if (p.top_p == 0) throw UsageError("--top-p " + f.get("top-p") + " is 0 as a 32-bit float, outside (0, 1]");
   p.ignore_eos = f.has("ignore-eos");
   try {
     p.validate();  // "temperature must be >= 0 ...", naming the value
