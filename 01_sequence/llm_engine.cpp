@@ -200,7 +200,10 @@ std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::vector<in
     fail("generate: ", params.size(), " sampling params for ", prompts.size(), " prompts");
   std::vector<int64_t> ids;
   for (size_t i = 0; i < prompts.size(); i++) ids.push_back(add_request(prompts[i], params.size() == 1 ? params[0] : params[i]));
+  return run_to_completion(ids, progress);
+}
 
+std::vector<GenerateOutput> LLMEngine::run_to_completion(const std::vector<int64_t>& ids, bool progress) {
   if (progress) log("%s", describe().c_str());
   std::map<int64_t, GenerateOutput> done;
   while (!is_finished()) {
@@ -211,7 +214,7 @@ std::vector<GenerateOutput> LLMEngine::generate(const std::vector<std::vector<in
       // nano-vllm's tqdm postfix: instantaneous rates of this step, scheduling time included.
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char line[128];
-      std::snprintf(line, sizeof line, "Generating: %zu/%zu [%s: %d tok/s]", done.size(), prompts.size(),
+      std::snprintf(line, sizeof line, "Generating: %zu/%zu [%s: %d tok/s]", done.size(), ids.size(),
                     num_tokens > 0 ? "Prefill" : "Decode", int((num_tokens > 0 ? num_tokens : -num_tokens) / dt));
       show_progress(line);
     }

@@ -80,6 +80,10 @@ class LLMEngine {
   // appear above it, never glued to it.
   std::vector<GenerateOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
                                        const std::vector<SamplingParams>& params, bool progress = false);
+  // generate()'s second half, for a caller that queued the requests itself with add_request (to name each
+  // request's own origin in add_request's errors, as `nanovllm generate --requests` does): steps until every
+  // request is done; outputs in the order of `ids`. progress as generate's.
+  std::vector<GenerateOutput> run_to_completion(const std::vector<int64_t>& ids, bool progress = false);
   // The same for text prompts, encoded with the tokenizer (nano-vllm's add_request(str)).
   std::vector<GenerateOutput> generate(const std::vector<std::string>& prompts,
                                        const std::vector<SamplingParams>& params, bool progress = false);

@@ -285,25 +285,18 @@ int cmd_generate(const Flags& flags) {
   if (first_text != requests.end() && !tokenizer)
     fail(first_text->origin.empty() ? "--prompt TEXT" : first_text->origin + ": a text prompt", " needs a tokenizer: ",
          engine.config().model, " has no tokenizer.json (give --tokenizer DIR)");
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<SamplingParams> request_params;
+  // Each request queued by itself, so that the engine's refusal of one read from a file names its line
+  // ("stdin line 2: request 1: token id 5000 is outside the vocabulary [0, 512)"); then generate()'s loop.
+  std::vector<int64_t> ids;
   for (const Request& r : requests) {
-    prompts.push_back(r.is_text ? tokenizer->encode(r.text) : r.ids);
-    request_params.push_back(r.params);
+    try {
+      ids.push_back(engine.add_request(r.is_text ? tokenizer->encode(r.text) : r.ids, r.params));
+    } catch (const Error& e) {
+      if (r.origin.empty()) throw;
+      fail(r.origin, ": ", e.what());
+    }
   }
-  std::vector<GenerateOutput> outputs;
-  try {
-    outputs = engine.generate(prompts, request_params, /*progress=*/true);
-  } catch (const Error& e) {
-    // The engine names a request by its index ("request 3: prompt (40 tokens) + max_tokens (64) exceeds
-    // max_model_len (100)"); one read from a file is named by its line too.
-    const std::string message = e.what();
-    if (message.rfind("request ", 0) != 0) throw;
-    size_t index = 0;
-    const auto [rest, ec] = std::from_chars(message.data() + 8, message.data() + message.size(), index);
-    if (ec != std::errc() || *rest != ':' || index >= requests.size() || requests[index].origin.empty()) throw;
-    fail("request ", index, " (", requests[index].origin, ")", rest);  // rest: ": token id ..."
-  }
+  const std::vector<GenerateOutput> outputs = engine.run_to_completion(ids, /*progress=*/true);
 
   for (size_t i = 0; i < outputs.size(); i++) {
     const GenerateOutput& out = outputs[i];
