@@ -98,10 +98,13 @@ DATA := $(TOKENIZER_DIR)/tokenizer.json $(TOKENIZER_DIR)/tokenizer_config.json
 # Every object depends on a record of the flags it was built with: switching between `make` and `make
 # NVCC=` (or changing CUDA_ARCH, CXXFLAGS, ...) in one tree rebuilds everything instead of linking
 # objects built for the other configuration.
+# `make help` and `make clean` build nothing and leave the record as it is.
 FLAGS_RECORD := $(BUILD)/flags
+ifneq ($(if $(MAKECMDGOALS),$(filter-out help clean,$(MAKECMDGOALS)),all),)
 $(shell mkdir -p $(BUILD))
 $(file >$(FLAGS_RECORD).new,$(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(LDLIBS))
 $(shell cmp -s $(FLAGS_RECORD).new $(FLAGS_RECORD) && rm -f $(FLAGS_RECORD).new || mv $(FLAGS_RECORD).new $(FLAGS_RECORD))
+endif
 
 # ---------------------------------------------------------------------------------------------------
 # Targets
@@ -121,8 +124,10 @@ RUN_BINS := $(if $(SELECTED),$(foreach c,$(SELECTED),$(BUILD)/test_ch$(c)),$(TES
 ## chapter-NN: build chapter NN, the chapters it depends on, and its test binary
 chapter-%: $(BUILD)/test_ch% $(DATA)
 	@echo "chapter $*: built (depends on: $(or $(deps_$*),only the base utilities))"
-	@if [ -e $(BUILD)/nanovllm ] && [ -n "$$(find $(BUILD)/obj -name '*.o' -newer $(BUILD)/nanovllm | head -1)" ]; then \
-	  echo "note: $(BUILD)/nanovllm is older than what was just built; run make to bring your change into it"; fi
+	@if [ -e $(BUILD)/nanovllm ]; then for o in $(MAIN_OBJ) $(ALL_OBJS); do \
+	  if [ $$o -nt $(BUILD)/nanovllm ]; then \
+	    echo "note: $(BUILD)/nanovllm is older than what was just built; run make to bring your change into it"; break; \
+	  fi; done; fi
 
 ## test: run the tests (after chapter-NN: only that chapter's suites)
 test: $(RUN_BINS) $(if $(SELECTED),,$(BUILD)/nanovllm) $(DATA)

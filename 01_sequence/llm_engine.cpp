@@ -74,10 +74,15 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     for (const auto& [id, seq] : sequences_) hits_before[id] = seq->num_prefix_hit_blocks;
   auto t0 = std::chrono::steady_clock::now();
   std::string trace;
+  // The host's time queuing the launches made in this step (this step's own, where nothing was in flight,
+  // and the next one's): the runner's last_run_times() holds only the latest launch, which, after a step
+  // that launched none ahead, was made in the step before.
+  double queue_seconds = 0;
   if (!in_flight_) {  // the plain loop, or the first step after a prefill or a wait
     auto [seqs, is_prefill] = scheduler_->schedule();
     if (config_.trace) trace = trace_line(seqs, is_prefill, preemptions_before, hits_before);
     model_runner_->launch(seqs, is_prefill);
+    queue_seconds += model_runner_->last_run_times().queue_seconds;
     in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{seqs, is_prefill});
   }
   const std::unique_ptr<LaunchedStep> current = std::move(in_flight_);
@@ -106,6 +111,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
       }
     }
     model_runner_->launch(next, is_prefill, input_rows);
+    queue_seconds += model_runner_->last_run_times().queue_seconds;
     in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{next, is_prefill});
     (is_prefill ? stats_.overlapped_prefill_steps : stats_.overlapped_steps)++;
   }
@@ -132,7 +138,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     stats_.steps++, stats_.decode_steps++;
     stats_.decode_tokens += scheduled_tokens, stats_.decode_seconds += seconds;
     stats_.decode_context_tokens += context_tokens;
-    stats_.decode_queue_seconds += model_runner_->last_run_times().queue_seconds;
+    stats_.decode_queue_seconds += queue_seconds;
     stats_.decode_wait_seconds += model_runner_->last_run_times().wait_seconds;
   }
   if (!trace.empty()) log("%s", trace.c_str());

@@ -2,8 +2,10 @@
 // build/nanovllm as a user would.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "01_sequence/engine_config.h"
@@ -241,8 +243,11 @@ TEST(E2E_Cli, LinearVersionIsAnEngineOptionOfEveryEngineCommand) {
   EXPECT_NE(attention.err.find(note), std::string::npos) << attention.err;
   auto step = run_nanovllm("bench-step" + a + " --batch 1 --context 16 --iters 1 --linear-version 1");
   EXPECT_EQ(step.exit_code, 0) << step.err;
+  // bench-step takes some of the engine options: its help lists them, and the general help says what they do.
   auto help = run_nanovllm("bench-step --help");
-  EXPECT_NE(help.out.find("--linear-version N (1-8"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find(" --linear-version "), std::string::npos) << help.out;
+  EXPECT_EQ(help.out.find("--max-num-seqs"), std::string::npos) << help.out;
+  EXPECT_NE(run_nanovllm("help").out.find("--linear-version N (1-8"), std::string::npos);
 }
 
 TEST(E2E_Cli, BenchStepPrintsTheStepFloor) {
@@ -334,6 +339,28 @@ TEST(E2E_Cli, TruncatedCheckpointIsAnErrorNamingTheFile) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+TEST(E2E_Cli, EveryFlagAHelpNamesIsTaken) {
+  // A command's --help names only flags the command takes: bench and bench-step take some of the engine
+  // options, and their help listed them all (`bench-step --enforce-eager` was an unknown flag). Each flag
+  // named is given alone, with no value: the error may be anything but "unknown flag".
+  for (const char* command : {"generate", "logits", "bench", "bench-step", "tokenize", "detokenize", "chat-template",
+                              "hash-blocks", "random-model", "bench-tokenizer"}) {
+    const std::string help = run_nanovllm(std::string(command) + " --help").out;
+    std::set<std::string> named;
+    for (size_t at = help.find("--"); at != std::string::npos; at = help.find("--", at + 2)) {
+      size_t end = at + 2;
+      while (end < help.size() && (std::islower(static_cast<unsigned char>(help[end])) || help[end] == '-')) end++;
+      if (end > at + 2 && help[at + 2] != '-') named.insert(help.substr(at, end - at));
+    }
+    EXPECT_GT(named.size(), 0u) << command;
+    for (const std::string& flag : named) {
+      if (flag == "--help" || flag == "--flag") continue;  // "--flag value or --flag=value"
+      auto r = run_nanovllm(std::string(command) + " " + flag);
+      EXPECT_EQ(r.err.find("unknown flag"), std::string::npos) << command << " " << flag << ": " << r.err;
+    }
+  }
+}
+
 TEST(E2E_Cli, EveryCommandTakesHelpAndFlagEqualsValue) {
   for (const char* command : {"generate", "logits", "bench", "bench-step", "tokenize", "detokenize", "chat-template",
                               "hash-blocks", "random-model", "bench-tokenizer"}) {
@@ -345,6 +372,9 @@ TEST(E2E_Cli, EveryCommandTakesHelpAndFlagEqualsValue) {
     EXPECT_EQ(h.exit_code, 0) << command << ": " << h.err;
     EXPECT_EQ(h.out, r.out) << command;
   }
+  auto dash_h = run_nanovllm("-h");
+  EXPECT_EQ(dash_h.exit_code, 0) << dash_h.err;
+  EXPECT_EQ(dash_h.out, run_nanovllm("help").out);
   // `help nosuch` printed the general help, exit 0.
   auto unknown = run_nanovllm("help nosuch");
   EXPECT_EQ(unknown.exit_code, 2);

@@ -165,7 +165,10 @@ int cmd_bench(const Flags& flags) {
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
   if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
-  config.enforce_eager = flags.has("enforce-eager") || flags.has("profile");  // profiling times ops one by one
+  // Profiling times operations one by one: no graphs to capture (the CPU has none, and no note about it).
+  const bool on_cpu = config.device == "cpu" || (config.device.empty() && !cuda_available());
+  config.enforce_eager = flags.has("enforce-eager") || (flags.has("profile") && !on_cpu);
+  config.cpu_memory_mib = int(flags.get_int("cpu-memory-mib", config.cpu_memory_mib, 1, 1 << 24));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
   config.linear_version = linear_version_from(flags);
@@ -278,6 +281,7 @@ int cmd_bench_step(const Flags& flags) {
   config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
   config.max_model_len = std::max(4096, context);
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
+  config.cpu_memory_mib = int(flags.get_int("cpu-memory-mib", config.cpu_memory_mib, 1, 1 << 24));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
   config.attention_version = attention_version_from(flags);
   config.linear_version = linear_version_from(flags);
@@ -294,7 +298,8 @@ int cmd_bench_step(const Flags& flags) {
   const int block_size = config.kvcache_block_size, blocks_per_seq = ceil_div(context, block_size);
   if (int64_t(batch) * blocks_per_seq > runner.num_kvcache_blocks())
     fail("batch ", batch, " x context ", context, " needs ", int64_t(batch) * blocks_per_seq, " KV blocks; the cache has ",
-         runner.num_kvcache_blocks());
+         runner.num_kvcache_blocks(), " (give a smaller --batch or --context, or more memory: ",
+         on_gpu ? "--gpu-memory-utilization" : "--cpu-memory-mib", ")");
   std::vector<std::unique_ptr<Sequence>> owned;
   std::vector<Sequence*> seqs;
   SamplingParams params;

@@ -58,17 +58,20 @@ const std::vector<Command>& commands() {
        "answers without reasoning.\n"},
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
-        "max-num-batched-tokens", "gpu-memory-utilization", "block-size", "kv-cache-blocks", "seed",
+        "max-num-batched-tokens", "gpu-memory-utilization", "cpu-memory-mib", "block-size", "kv-cache-blocks", "seed",
         "tensor-parallel-size", "attention-version", "linear-version", "collectives"},
        {"enforce-eager", "trace", "profile", "no-overlap"},
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
-       "[--max-output-len 1024] [engine options]   nano-vllm's bench.py workload"},
+       "[--max-output-len 1024] [--profile] [more: --help]   nano-vllm's bench.py workload",
+       "--random PRESET: random weights of a real model's shape (tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b),\n"
+       "written to build/data/random-PRESET on first use. --profile: every operation timed one by one, without CUDA\n"
+       "graphs, and a table of their kernel time over the run.\n"},
       {"bench-step", nanovllm::cmd_bench_step,
        {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
-        "attention-version", "linear-version", "tensor-parallel-size", "collectives"},
+        "cpu-memory-mib", "attention-version", "linear-version", "tensor-parallel-size", "collectives"},
        {},
-       "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20]   one decode "
-       "step, kernel by kernel, with GB/s"},
+       "bench-step (--model DIR | --random PRESET) [--batch 256] [--context 1000] [--iters 20] [more: --help]   "
+       "one decode step, kernel by kernel, with GB/s"},
       {"logits", nanovllm::cmd_logits, plus(kEngineFlags, {"prompt-ids"}), kEngineSwitches,
        "logits --model DIR [--device cpu|cuda] --prompt-ids 1,2,3   -> the vocabulary logits after the last token"},
       {"hash-blocks", nanovllm::cmd_hash_blocks, {"block-size"}, {},
@@ -142,11 +145,27 @@ static std::string one_line(const char* message) {
 }
 
 // `nanovllm COMMAND --help` (and `nanovllm help COMMAND`): the command's usage, and the engine options for
-// the commands that take them. Returns the exit code.
+// the commands that take them all; a command that takes some (bench, bench-step) lists the flags it takes.
+// Returns the exit code.
 static int print_command_help(const Command& c) {
   std::printf("usage: nanovllm %s\n", c.usage);
   if (c.details) std::printf("\n%s", c.details);
-  if (c.value_flags.size() > 5) std::printf("\n%s", nanovllm::engine_options_help().c_str());
+  auto takes_all = [](const std::vector<std::string>& taken, const std::vector<std::string>& wanted) {
+    return std::all_of(wanted.begin(), wanted.end(),
+                       [&](const std::string& f) { return std::find(taken.begin(), taken.end(), f) != taken.end(); });
+  };
+  if (takes_all(c.value_flags, kEngineFlags) && takes_all(c.switches, kEngineSwitches)) {
+    std::printf("\n%s", nanovllm::engine_options_help().c_str());
+  } else if (c.value_flags.size() > 5) {
+    std::string text = "\nflags:", line;
+    std::vector<std::string> all = c.value_flags;
+    all.insert(all.end(), c.switches.begin(), c.switches.end());
+    for (const std::string& f : all) {
+      if (line.size() + f.size() > 100) text += line + "\n      ", line.clear();
+      line += " --" + f;
+    }
+    std::printf("%s%s\n(`nanovllm help` says what each engine option does)\n", text.c_str(), line.c_str());
+  }
   if (std::fflush(stdout) == 0) return 0;
   std::fprintf(stderr, "error: cannot write to stdout: %s\n", std::strerror(errno));
   return 1;
@@ -164,7 +183,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: no command given (try: nanovllm help)\n");
     return 2;
   }
-  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     // `help COMMAND` is `COMMAND --help`; a name that is no command is an error, not the general help.
     if (argc == 3) {
       for (const Command& c : commands())
