@@ -310,7 +310,12 @@ TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
       {"generate" + a, 2, ""},
       {"generate" + a + " --prompt hello", 1, ""},  // no tokenizer in this checkpoint
       {"generate" + a + " --prompt-ids 1 --block-size 20", 2, ""},
-      {"generate --device cpu --model /nonexistent --prompt-ids 1", 1, ""},
+      {"generate --device cpu --model /nonexistent --prompt-ids 1", 1,
+       "error: /nonexistent: no such model folder (No such file or directory)\n"},
+      // The config.json itself given as the model: the folder is named, not "config.json/config.json".
+      {"generate --device cpu --model " + golden_model("tiny-qwen3-a") + "/config.json --prompt-ids 1", 1,
+       "error: " + golden_model("tiny-qwen3-a") + "/config.json: not a folder; a model is the folder that holds "
+       "config.json and *.safetensors\n"},
       {"logits --device cpu --prompt-ids 1", 2, ""},
   };
   for (const Case& c : cases) {

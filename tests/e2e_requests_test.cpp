@@ -213,7 +213,7 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
   // A missing model is told before stdin is read (here, before a stdin that is never closed would be).
   auto no_model = run_nanovllm("generate --device cpu --model /no/such/model --requests - < /dev/zero");
   EXPECT_EQ(no_model.exit_code, 1);
-  EXPECT_EQ(no_model.err, "error: /no/such/model/config.json: cannot read: No such file or directory\n");
+  EXPECT_EQ(no_model.err, "error: /no/such/model: no such model folder (No such file or directory)\n");
   // A FIFO would wait for a writer: only a regular file is read (stdin, "-", is the way to pipe).
   test::TempDir dir;
   ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);
