@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "01_sequence/engine_config.h"
+#include "01_sequence/sampling_params.h"
 #include "03_block_manager/xxh64.h"
 #include "05_attention/attention.h"
 #include "06_tensor_parallel/linear.h"
@@ -342,6 +343,19 @@ TEST(E2E_Cli, TruncatedCheckpointIsAnErrorNamingTheFile) {
   EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
   EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
   std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(E2E_Cli, GenerateHelpStatesTheSamplingDefaults) {
+  // The defaults `generate --help` states are SamplingParams' own.
+  const SamplingParams defaults;
+  char temperature[16], top_p[16];
+  std::snprintf(temperature, sizeof temperature, "%.1f", double(defaults.temperature));
+  std::snprintf(top_p, sizeof top_p, "%.1f", double(defaults.top_p));
+  const std::string help = run_nanovllm("generate --help").out;
+  for (const std::string& stated : {"--max-tokens " + std::to_string(defaults.max_tokens),
+                                    "--temperature " + std::string(temperature), "--top-k " + std::to_string(defaults.top_k),
+                                    "--top-p " + std::string(top_p)})
+    EXPECT_NE(help.find(stated), std::string::npos) << stated << "\n" << help;
 }
 
 TEST(E2E_Cli, EveryFlagAHelpNamesIsTaken) {

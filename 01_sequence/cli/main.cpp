@@ -55,7 +55,10 @@ const std::vector<Command>& commands() {
        "and any of \"max_tokens\", \"temperature\", \"top_k\", \"top_p\", \"ignore_eos\" and \"seed\" (its own random\n"
        "numbers) override the flags for that request. Requests run in command-line order, file lines in their order.\n"
        "--no-thinking: prompts rendered by the chat template get its empty thought (enable_thinking false): Qwen3\n"
-       "answers without reasoning.\n"},
+       "answers without reasoning.\n"
+       "Sampling, as nano-vllm's SamplingParams: --max-tokens 64, --temperature 1.0 (0: greedy), --top-k 0 and\n"
+       "--top-p 1.0 (both off) unless given. --seed S is the engine's: a request's random numbers derive from it and\n"
+       "the request's position, so a seeded run gives the same tokens however it is batched.\n"},
       {"bench", nanovllm::cmd_bench,
        {"model", "random", "device", "num-seqs", "max-input-len", "max-output-len", "max-model-len", "max-num-seqs",
         "max-num-batched-tokens", "gpu-memory-utilization", "cpu-memory-mib", "block-size", "kv-cache-blocks", "seed",
