@@ -126,8 +126,11 @@ TEST(Ch04_Config, EveryMissingRequiredFieldIsNamed) {
     EXPECT_EQ(load_error(dir, without(base_config(), field)), path + ": missing field '" + field + "'");
   EXPECT_EQ(load_error(dir, without(base_config(), "rope_parameters")),
             path + ": missing field 'rope_parameters.rope_theta' (or 'rope_theta')");
+  // The folder itself, before its config.json: missing, or a file given in its place.
   EXPECT_EQ(error_of([&] { ModelConfig::load(dir / "nowhere"); }),
-            dir / "nowhere/config.json" + ": cannot read: No such file or directory");
+            dir / "nowhere" + ": no such model folder (No such file or directory)");
+  EXPECT_EQ(error_of([&] { ModelConfig::load(path); }),
+            path + ": not a folder; a model is the folder that holds config.json and *.safetensors");
 }
 
 TEST(Ch04_Config, EveryMistypedFieldIsNamed) {
