@@ -1,12 +1,8 @@
 // config.cpp: ModelConfig::load, write_config and the Qwen3 checkpoint layout.
 #include "04_model_runner/checkpoint/config.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <climits>
 #include <cmath>
-#include <cstring>
 
 #include "01_sequence/base/common.h"
 #include "01_sequence/base/files.h"
@@ -112,13 +108,7 @@ std::string pretty_object(const Json& object) {
 }  // namespace
 
 ModelConfig ModelConfig::load(const std::string& model_dir) {
-  // The folder itself first: "DIR/config.json: cannot read: Not a directory" would hide that DIR is a file
-  // (the config.json itself, given as --model), and "No such file" that the whole folder is missing.
-  struct stat st = {};
-  if (stat(model_dir.c_str(), &st) != 0)
-    fail(model_dir, ": no such model folder (", std::strerror(errno), ")");
-  if (!S_ISDIR(st.st_mode))
-    fail(model_dir, ": not a folder; a model is the folder that holds config.json and *.safetensors");
+  check_model_folder(model_dir);
   const std::string path = model_dir + "/config.json";
   const Json root = Json::parse(read_file(path, kConfigFile), path);
   const FieldReader config(root, path);

@@ -250,8 +250,16 @@ void SafetensorsFile::unmap() {
 // ---------------------------------------------------------------------------------------------------
 // Checkpoint: a model directory
 
+void check_model_folder(const std::string& dir) {
+  // "DIR/config.json: cannot read: Not a directory" would hide that DIR is a file (the config.json itself,
+  // given as --model), and "No such file" that the whole folder is missing.
+  struct stat st = {};
+  if (stat(dir.c_str(), &st) != 0) fail(dir, ": no such model folder (", std::strerror(errno), ")");
+  if (!S_ISDIR(st.st_mode)) fail(dir, ": not a folder; a model is the folder that holds config.json and *.safetensors");
+}
+
 Checkpoint Checkpoint::open(const std::string& dir) {
-  if (!is_directory(dir)) fail(dir, ": not a directory");
+  check_model_folder(dir);
   Checkpoint checkpoint;
   checkpoint.dir_ = dir;
   const std::string index_path = dir + "/model.safetensors.index.json";

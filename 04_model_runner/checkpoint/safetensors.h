@@ -86,6 +86,11 @@ class SafetensorsFile {
   std::vector<TensorView> tensors_;
 };
 
+// Throws Error unless `dir` is a folder, naming a missing path or a file given in its place
+// ("DIR: no such model folder (...)", "FILE: not a folder; ..."). ModelConfig::load and Checkpoint::open
+// call it first, so whichever reads the model first says the same.
+void check_model_folder(const std::string& dir);
+
 // The weights of a model directory, as Hugging Face lays them out:
 //   - `model.safetensors.index.json` present: its "weight_map" {tensor name: shard file name} is the
 //     truth; every shard it names must exist and hold the tensors listed for it;

@@ -472,7 +472,8 @@ TEST(Ch04_Safetensors, SeveralFilesWithoutIndex) {
   std::remove((dir / "c.safetensors").c_str());
   ASSERT_EQ(mkfifo((dir / "fifo.safetensors").c_str(), 0600), 0);
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }), dir / "fifo.safetensors" + ": not a regular file");
-  EXPECT_EQ(error_of([&] { Checkpoint::open(dir / "missing"); }), dir / "missing" + ": not a directory");
+  EXPECT_EQ(error_of([&] { Checkpoint::open(dir / "missing"); }),
+            dir / "missing" + ": no such model folder (No such file or directory)");
 }
 
 TEST(Ch04_Safetensors, GetChecksShapesAgainstTheConfig) {
