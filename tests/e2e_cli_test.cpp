@@ -84,7 +84,7 @@ TEST(E2E_Cli, HelpStatesTheVersionRangesTheFlagsTake) {
 TEST(E2E_Cli, BadInputExitsOneWithOneLine) {
   struct Case { const char* input; const char* message; };
   const Case cases[] = {
-      {"[1,2\n", "error: stdin line 1:1:5: expected ',' or ']' after an array element\n"},
+      {"[1,2\n", "error: stdin line 1, column 5: expected ',' or ']' after an array element\n"},
       {"[1]\n{\"a\":1}\n", "error: stdin line 2: expected an array of token ids\n"},
       {"[1,-2]\n", "error: stdin line 1: token ids must be integers in [0, 2^31), got -2\n"},
       {"[1.5]\n", "error: stdin line 1: token ids must be integers in [0, 2^31), got 1.5\n"},
@@ -343,6 +343,23 @@ TEST(E2E_Cli, TruncatedCheckpointIsAnErrorNamingTheFile) {
   EXPECT_TRUE(test::is_one_error_line(r.err)) << r.err;
   EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
   std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(E2E_Cli, AMaxModelLenPastTheModelsPositionsIsClampedAndSaid) {
+  // As nano-vllm's Config, the length is clamped to max_position_embeddings; a length the user gave is told so.
+  const std::string model = golden_model("tiny-qwen3-a");
+  const int positions = int(test::read_json(model + "/config.json").at("max_position_embeddings").as_int64());
+  const std::string a = "generate --device cpu --model " + model + " --prompt-ids 1,2 --max-tokens 2 --temperature 0";
+  const std::string note = "note: --max-model-len " + std::to_string(positions + 1) + " is more than the model's " +
+                           std::to_string(positions) + " positions (max_position_embeddings): using " +
+                           std::to_string(positions) + "\n";
+  auto over = run_nanovllm(a + " --max-model-len " + std::to_string(positions + 1));
+  ASSERT_EQ(over.exit_code, 0) << over.err;
+  EXPECT_NE(over.err.find(note), std::string::npos) << over.err;
+  auto at = run_nanovllm(a + " --max-model-len " + std::to_string(positions));
+  ASSERT_EQ(at.exit_code, 0) << at.err;
+  EXPECT_EQ(at.err.find("note: --max-model-len"), std::string::npos) << at.err;
+  EXPECT_EQ(over.out, at.out);
 }
 
 TEST(E2E_Cli, GenerateHelpStatesTheSamplingDefaults) {

@@ -187,7 +187,7 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
       {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"enable_thinking\": \"no\"}\n",
        "error: stdin line 1: enable_thinking: expected true or false, got \"no\""},
       {"[1, 2]\n", "error: stdin line 1: expected a request object {\"prompt\": ...}, got an array"},
-      {"{\"prompt_token_ids\": [1],}\n", "error: stdin line 1:1:26: expected a string key in the object"},
+      {"{\"prompt_token_ids\": [1],}\n", "error: stdin line 1, column 26: expected a string key in the object"},
       {"\n \n", "error: stdin: no requests (one JSON object a line, such as {\"prompt\": \"introduce yourself\"})"},
       // Found by the engine, after loading: named by the request's index and its line.
       {"{\"prompt_token_ids\": [1]}\n{\"prompt_token_ids\": [5000]}\n",

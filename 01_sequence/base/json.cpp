@@ -17,7 +17,8 @@ namespace nanovllm {
 
 class JsonParser {
  public:
-  JsonParser(std::string_view text, std::string_view source) : text_(text), source_(source) {}
+  JsonParser(std::string_view text, std::string_view source, bool one_line)
+      : text_(text), source_(source), one_line_(one_line) {}
 
   Json parse_document() {
     skip_whitespace();
@@ -36,6 +37,7 @@ class JsonParser {
       if (text_[i] == '\n') line++, column = 1;
       else column++;
     }
+    if (one_line_) fail(source_, ", column ", column, ": ", what);
     fail(source_, ":", line, ":", column, ": ", what);
   }
 
@@ -260,16 +262,21 @@ class JsonParser {
 
   std::string_view text_;
   std::string_view source_;
+  bool one_line_;  // errors name the column only: the source names the line
   size_t pos_ = 0;
 };
 
-Json Json::parse(std::string_view text, std::string_view source) {
+static Json parse_text(std::string_view text, std::string_view source, bool one_line) {
   try {
-    return JsonParser(text, source).parse_document();
+    return JsonParser(text, source, one_line).parse_document();
   } catch (const std::bad_alloc&) {  // the tree is freed by now, so the message can be built
     fail(source, ": out of memory while parsing ", text.size(), " bytes of JSON");
   }
 }
+
+Json Json::parse(std::string_view text, std::string_view source) { return parse_text(text, source, false); }
+
+Json Json::parse_line(std::string_view text, std::string_view source) { return parse_text(text, source, true); }
 
 // ---------------------------------------------------------------------------------------------------
 // Accessors

@@ -24,6 +24,9 @@ class Json {
   // Throws Error on malformed input, when nesting is deeper than 512 levels, or when the tree does not fit
   // in memory ("SOURCE: out of memory while parsing N bytes of JSON").
   static Json parse(std::string_view text, std::string_view source);
+  // The same for one line of a JSON Lines stream, `source` naming the line ("stdin line 3"): its errors read
+  // "stdin line 3, column 7: ...", where parse's would read "stdin line 3:1:7: ...".
+  static Json parse_line(std::string_view text, std::string_view source);
 
   // Builders, for writing.
   Json() = default;  // null

@@ -96,6 +96,17 @@ TEST(Ch01_Json, ErrorsNameLineAndColumn) {
   EXPECT_EQ(parse_error("[" + std::string(600, '[')), "t.json:1:514: nesting deeper than 512 levels");
 }
 
+// A line of a JSON Lines stream is named by its source ("stdin line 3"), so its errors give the column alone.
+TEST(Ch01_Json, ALineNamesOnlyItsColumn) {
+  try {
+    Json::parse_line("{\"a\" 1}", "stdin line 3");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "stdin line 3, column 6: expected ':' after an object key");
+  }
+  EXPECT_EQ(Json::parse_line("[1, 2]", "stdin line 1").dump(), Json::parse("[1, 2]", "t").dump());
+}
+
 TEST(Ch01_Json, AccessorsReportTypeMismatch) {
   Json v = Json::parse(R"({"s": "x", "n": 1.5})", "t");
   try {

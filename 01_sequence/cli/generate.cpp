@@ -225,7 +225,7 @@ std::vector<Request> read_requests(const std::string& path, const SamplingParams
     if (left.requests-- == 0)
       fail(in.name(), " line ", in.line_number(), ": more than ", RequestsLeft().requests, " requests in the run");
     const std::string origin = in.name() + " line " + std::to_string(in.line_number());
-    const Json line = Json::parse(text, origin);  // its errors start with the origin
+    const Json line = Json::parse_line(text, origin);  // its errors start with the origin
     try {
       requests.push_back(parse_request_line(line, defaults, chat, thinking));
     } catch (const Error& e) {

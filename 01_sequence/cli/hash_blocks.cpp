@@ -28,7 +28,7 @@ int cmd_hash_blocks(const Flags& flags) {
       continue;
     }
     std::string source = "stdin line " + std::to_string(lines.line_number());
-    Json value = Json::parse(line, source);
+    Json value = Json::parse_line(line, source);
     if (!value.is_array()) fail(source, ": expected an array of token ids");
     std::vector<int32_t> token_ids;
     for (const Json& id : value.as_array()) {

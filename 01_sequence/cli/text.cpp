@@ -48,7 +48,7 @@ int for_each_json_line(LineReader& lines, Handler handle) {
       continue;
     }
     std::string source = "stdin line " + std::to_string(lines.line_number());
-    Json value = Json::parse(line, source);  // its errors already start with the source
+    Json value = Json::parse_line(line, source);  // its errors already start with the source
     std::string out;
     try {
       out = handle(value);
