@@ -41,10 +41,6 @@ ModelRunner::ModelRunner(EngineConfig& config)
   } else if (config.collectives == "events" && !event_collectives) {
     log("note: --collectives events changes nothing without several ranks on the GPU");
   }
-  // As nano-vllm's Config, a length past the model's positions is clamped; one the user asked for is told.
-  if (config.max_model_len > mc.max_position_embeddings && config.max_model_len != EngineConfig().max_model_len)
-    log("note: --max-model-len %d is more than the model's %d positions (max_position_embeddings): using %d",
-        config.max_model_len, mc.max_position_embeddings, mc.max_position_embeddings);
   config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);
   max_model_len_ = config.max_model_len;
   block_table_width_ = ceil_div(max_model_len_, block_size_);

@@ -189,6 +189,7 @@ int cmd_bench(const Flags& flags) {
 
   auto t_load = std::chrono::steady_clock::now();
   LLMEngine engine(config);
+  note_a_cut_max_model_len(flags, engine.config().max_model_len);
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   std::fprintf(stderr, "model %s on %s: %d KV blocks of %d tokens (%.1f GiB), loaded in %.1f s\n", model.c_str(),
                engine.config().device.c_str(), engine.config().num_kvcache_blocks, config.kvcache_block_size,

@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "01_sequence/base/files.h"
+#include "01_sequence/base/log.h"
 #include "05_attention/attention.h"
 #include "06_tensor_parallel/linear.h"
 
@@ -192,6 +193,14 @@ std::string collectives_from(const Flags& flags) {
   const std::string value = flags.get("collectives", "spin");
   if (value != "spin" && value != "events") throw UsageError("--collectives must be spin or events, got '" + value + "'");
   return value;
+}
+
+void note_a_cut_max_model_len(const Flags& flags, int engine_max_model_len) {
+  if (!flags.has("max-model-len")) return;
+  const long long asked = flags.get_int("max-model-len", 0, 1, 1 << 24);
+  if (asked > engine_max_model_len)
+    log("note: --max-model-len %lld is more than the model's %d positions (max_position_embeddings): using %d", asked,
+        engine_max_model_len, engine_max_model_len);
 }
 
 }  // namespace nanovllm

@@ -93,6 +93,11 @@ std::string engine_options_help();
 // default spin. Any other value is a usage error.
 std::string collectives_from(const Flags& flags);
 
+// After the engine is built: where the model runner cut --max-model-len to the model's positions (as nano-vllm's
+// Config does), a note says so. `engine_max_model_len` is the runner's; a command may have set its own length
+// (logits one more than the flag, bench-step the context's), so only the flag's value is compared.
+void note_a_cut_max_model_len(const Flags& flags, int engine_max_model_len);
+
 // The subcommands, one file each in 01_sequence/cli/; main() dispatches.
 int cmd_generate(const Flags& flags);         // generate.cpp
 int cmd_logits(const Flags& flags);           // generate.cpp

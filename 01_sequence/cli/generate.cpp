@@ -281,6 +281,7 @@ int cmd_generate(const Flags& flags) {
   const std::string tokenizer_dir = config.tokenizer.empty() ? config.model : config.tokenizer;
   if (templated && optional_file_exists(tokenizer_dir + "/tokenizer.json")) check_chat_template(tokenizer_dir);
   LLMEngine engine(config);
+  note_a_cut_max_model_len(flags, engine.config().max_model_len);
   const Tokenizer* tokenizer = engine.tokenizer();
   if (first_text != requests.end() && !tokenizer)
     fail(first_text->origin.empty() ? "--prompt TEXT" : first_text->origin + ": a text prompt", " needs a tokenizer: ",
@@ -365,6 +366,7 @@ int cmd_logits(const Flags& flags) {
          "max_position_embeddings (", positions, ")");
   config.max_model_len++;
   LLMEngine engine(config);
+  note_a_cut_max_model_len(flags, engine.config().max_model_len);
   SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_tokens = 1;
