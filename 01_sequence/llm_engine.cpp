@@ -180,8 +180,8 @@ std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_pr
   std::ostringstream line;
   int tokens = 0;
   for (const Sequence* s : seqs) tokens += s->num_scheduled_tokens;
-  line << "[step " << stats_.steps + 1 << "] " << (is_prefill ? "prefill" : "decode") << ": " << seqs.size()
-       << " seqs, " << tokens << " tokens";
+  line << "[step " << stats_.steps + 1 << "] " << (is_prefill ? "prefill" : "decode") << ": " << counted(seqs.size(), "seq")
+       << ", " << counted(tokens, "token");
   if (is_prefill) {
     line << " |";
     for (const Sequence* s : seqs) {

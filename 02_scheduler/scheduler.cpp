@@ -19,7 +19,7 @@ void Scheduler::add(Sequence* seq) {
   // never fed back, so its K/V never needs a slot. In 64 bits: both terms may be near INT32_MAX.
   const int64_t max_len = int64_t(seq->num_prompt_tokens) + seq->params.max_tokens;
   if (max_len > max_model_len_)
-    fail("request ", seq->seq_id, ": prompt (", seq->num_prompt_tokens, " tokens) + max_tokens (",
+    fail("request ", seq->seq_id, ": prompt (", counted(seq->num_prompt_tokens, "token"), ") + max_tokens (",
          seq->params.max_tokens, ") exceeds max_model_len (", max_model_len_, ")");
   const int64_t blocks_needed = ceil_div<int64_t>(max_len - 1, block_size_);
   if (blocks_needed > block_manager_.num_blocks())

@@ -361,7 +361,7 @@ TEST(Ch02_Scheduler, HugeMaxTokensIsRefusedNotOverflowed) {
     s.add(&huge);
     FAIL() << "accepted";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "request 0: prompt (1 tokens) + max_tokens (2147483647) exceeds max_model_len (1048576)");
+    EXPECT_STREQ(e.what(), "request 0: prompt (1 token) + max_tokens (2147483647) exceeds max_model_len (1048576)");
   }
   // Only the KV cache limits it now: 1 + (2^31 - 2) - 1 slots are ceil((2^31 - 2) / 16) = 134217728
   // blocks, and the rounding-up sum 2^31 - 2 + 15 overflows an int as well.

@@ -121,7 +121,7 @@ TEST(E2E_Reliability, HugeMaxTokensIsRefusedUpFront) {
   for (const char* kv : {" --block-size 16 --kv-cache-blocks 2", ""}) {
     auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1 --max-tokens 2147483647 --ignore-eos" + kv);
     EXPECT_EQ(r.exit_code, 1) << kv;
-    EXPECT_EQ(r.err, "error: request 0: prompt (1 tokens) + max_tokens (2147483647) exceeds max_model_len (4096)\n")
+    EXPECT_EQ(r.err, "error: request 0: prompt (1 token) + max_tokens (2147483647) exceeds max_model_len (4096)\n")
         << kv;
     EXPECT_EQ(r.out, "");
   }

@@ -3,6 +3,7 @@
 //   Error           the one exception type for anything a user can get wrong (a file, a flag, a request)
 //   fail(...)       throw an Error whose message is the arguments streamed together
 //   ceil_div(a, b)  rounded-up integer division (blocks needed for n tokens)
+//   counted(n, w)   "1 token", "2 tokens": a count and its word, in messages
 //   data_dir()      build/data, where `make` unpacks the shipped tokenizer
 //
 // Beside it in base/: json.h, files.h, bf16.h, cuda_utils.h. They live in chapter 01 because every chapter
@@ -40,6 +41,11 @@ std::string data_dir();
 template <class T>
 constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;
+}
+
+// n and `word`, plural unless n is 1: counted(1, "token") is "1 token", counted(0, "seq") "0 seqs".
+inline std::string counted(long long n, const char* word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
 }
 
 }  // namespace nanovllm

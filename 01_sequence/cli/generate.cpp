@@ -319,8 +319,8 @@ int cmd_generate(const Flags& flags) {
       json_append_quoted(line, out.text);
       write_stdout(line + "\n");
     } else {
-      std::string line = "Prompt " + std::to_string(i) + ": " + std::to_string(out.prompt_token_ids.size()) +
-                         " tokens\nCompletion " + std::to_string(i) + ":";
+      std::string line = "Prompt " + std::to_string(i) + ": " + counted(out.prompt_token_ids.size(), "token") +
+                         "\nCompletion " + std::to_string(i) + ":";
       for (int32_t t : out.token_ids) line += " " + std::to_string(t);
       write_stdout(line + "\n");
     }
@@ -357,12 +357,12 @@ int cmd_logits(const Flags& flags) {
   // Only the prompt must fit max_model_len: the token sampled after it is not part of the output, but
   // the scheduler counts prompt + max_tokens (1), so make room for it.
   if (int64_t(prompt.size()) > config.max_model_len)
-    fail("request 0: prompt (", prompt.size(), " tokens) exceeds max_model_len (", config.max_model_len, ")");
+    fail("request 0: prompt (", counted(prompt.size(), "token"), ") exceeds max_model_len (", config.max_model_len, ")");
   // The room for that token is lost where the model runner cuts max_model_len to the model's positions: a
   // prompt of every position fits the model, but not with the token after it.
   const int positions = ModelConfig::load(config.model).max_position_embeddings;
   if (int64_t(prompt.size()) >= positions && config.max_model_len >= positions)
-    fail("request 0: prompt (", prompt.size(), " tokens) must leave room for one token under the model's ",
+    fail("request 0: prompt (", counted(prompt.size(), "token"), ") must leave room for one token under the model's ",
          "max_position_embeddings (", positions, ")");
   config.max_model_len++;
   LLMEngine engine(config);
