@@ -246,5 +246,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device_id, int attention_version 
 // True when this build has CUDA and a CUDA device is present; how many devices there are (0 without).
 bool cuda_available();
 int cuda_device_count();
+// The device a run uses: `asked` ("cpu" or "cuda") when given, else the GPU where one is present, else the CPU
+// (EngineConfig::device's default, resolved by ModelRunner and by commands that must know it first).
+inline std::string device_or_default(const std::string& asked) {
+  return !asked.empty() ? asked : cuda_available() ? "cuda" : "cpu";
+}
 
 }  // namespace nanovllm

@@ -28,7 +28,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
   const int tp_size = config.tensor_parallel_size;
   const TensorParallelLayout tp = tensor_parallel_layout(mc, tp_size);  // refuses a bad split before loading
 
-  if (config.device.empty()) config.device = cuda_available() ? "cuda" : "cpu";
+  config.device = device_or_default(config.device);
   if (config.device == "cpu" && config.enforce_eager) log("note: --enforce-eager changes nothing on the CPU, which has no CUDA graphs");
   if (config.device == "cpu" && (config.attention_version >= 0 || config.linear_version != EngineConfig().linear_version))
     log("note: --attention-version and --linear-version choose CUDA kernels; the CPU runs its reference code");

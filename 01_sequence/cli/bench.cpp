@@ -158,7 +158,7 @@ int cmd_bench(const Flags& flags) {
 
   EngineConfig config;
   config.model = model;
-  config.device = flags.get("device");
+  config.device = device_or_default(flags.get("device"));  // known here: --profile's graphs depend on it
   config.max_model_len = int(flags.get_int("max-model-len", 4096, 1, 1 << 24));
   config.max_num_seqs = int(flags.get_int("max-num-seqs", config.max_num_seqs, 1, 1 << 20));
   config.max_num_batched_tokens = int(flags.get_int("max-num-batched-tokens", config.max_num_batched_tokens, 1, 1 << 24));
@@ -166,7 +166,7 @@ int cmd_bench(const Flags& flags) {
   config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
   if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
   // Profiling times operations one by one: no graphs to capture (the CPU has none, and no note about it).
-  const bool on_cpu = config.device == "cpu" || (config.device.empty() && !cuda_available());
+  const bool on_cpu = config.device == "cpu";
   config.enforce_eager = flags.has("enforce-eager") || (flags.has("profile") && !on_cpu);
   config.cpu_memory_mib = int(flags.get_int("cpu-memory-mib", config.cpu_memory_mib, 1, 1 << 24));
   config.tensor_parallel_size = int(flags.get_int("tensor-parallel-size", 1, 1, 8));
