@@ -64,10 +64,11 @@ int64_t LLMEngine::add_request(std::vector<int32_t> prompt, const SamplingParams
 }
 
 // nano-vllm's step is the four calls of llm_engine.h's header: schedule and launch (the `if (!in_flight_)`
-// block), collect, postprocess. The rest is the overlap (in_flight_, schedule_ahead, finish_ahead: chapter
-// 02's "Beyond nano-vllm"), --trace and the statistics; with --no-overlap, in_flight_ is always null here
-// and `next` always empty, and the step reads as nano-vllm's.
+// block), collect, postprocess. The rest is the overlap (in_flight_, launch_ahead, finish_ahead: chapter
+// 02's "Beyond nano-vllm"), --trace, the statistics (record_step) and the outputs (take_finished); with
+// --no-overlap, in_flight_ is always null here and `next` always empty, and the step reads as nano-vllm's.
 std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* logits) {
+  if (is_finished()) fail("LLMEngine::step: no request left to run (is_finished())");
   const int64_t preemptions_before = scheduler_->num_preemptions();
   std::map<int64_t, int> hits_before;  // for --trace: prefix-cache hits of each request before this step
   if (config_.trace)
@@ -88,33 +89,12 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   const std::unique_ptr<LaunchedStep> current = std::move(in_flight_);
   const std::vector<Sequence*>& seqs = current->seqs;
   const bool is_prefill = current->is_prefill;
+  // Counted before launch_ahead: its schedule_*_ahead marks this step computed, which zeroes num_scheduled_tokens.
   int scheduled_tokens = 0;
   int64_t context_tokens = 0;
   for (const Sequence* s : seqs)
     if (!s->is_finished()) scheduled_tokens += is_prefill ? s->num_scheduled_tokens : 1, context_tokens += s->num_tokens();
-
-  // The overlap: step n + 1 scheduled and launched now, before step n's tokens are read, when its batch
-  // needs none of them: a decode step after a decode step, its input tokens step n's, taken on the device
-  // from the row of each sequence; or a prefill after a prefill, of requests that were waiting.
-  std::vector<Sequence*> next;
-  if (!logits && may_overlap())
-    next = is_prefill ? scheduler_->schedule_prefill_ahead(seqs) : scheduler_->schedule_ahead(seqs);
-  if (!next.empty()) {
-    std::vector<int32_t> input_rows;
-    if (!is_prefill) {
-      // Both batches keep the running queue's order, so each sequence's row in step n is found by walking on.
-      size_t row = 0;
-      for (const Sequence* s : next) {
-        while (row < seqs.size() && seqs[row] != s) row++;
-        if (row == seqs.size()) fail("internal: a sequence scheduled ahead was not in the step before");
-        input_rows.push_back(int32_t(row));
-      }
-    }
-    model_runner_->launch(next, is_prefill, input_rows);
-    queue_seconds += model_runner_->last_run_times().queue_seconds;
-    in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{next, is_prefill});
-    (is_prefill ? stats_.overlapped_prefill_steps : stats_.overlapped_steps)++;
-  }
+  const std::vector<Sequence*> next = logits ? std::vector<Sequence*>() : launch_ahead(*current, queue_seconds);
 
   std::vector<int32_t> tokens = model_runner_->collect();
   if (logits) model_runner_->download_logits(int(seqs.size()), logits);  // nothing launched since
@@ -129,7 +109,40 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
 
   // The step's tokens exist from here on: this one clock read times the step and stamps its requests.
   const auto t1 = std::chrono::steady_clock::now();
-  const double seconds = std::chrono::duration<double>(t1 - t0).count();
+  record_step(is_prefill, scheduled_tokens, context_tokens, std::chrono::duration<double>(t1 - t0).count(),
+              queue_seconds);
+  if (!trace.empty()) log("%s", trace.c_str());
+  return {take_finished(seqs, was_finished, next, t1), is_prefill ? scheduled_tokens : -scheduled_tokens};
+}
+
+// The overlap: step n + 1 scheduled and launched now, before step n's tokens are read, when its batch needs
+// none of them: a decode step after a decode step, its input tokens step n's, taken on the device from the row
+// of each sequence; or a prefill after a prefill, of requests that were waiting.
+std::vector<Sequence*> LLMEngine::launch_ahead(const LaunchedStep& current, double& queue_seconds) {
+  if (!may_overlap()) return {};
+  const std::vector<Sequence*>& seqs = current.seqs;
+  std::vector<Sequence*> next =
+      current.is_prefill ? scheduler_->schedule_prefill_ahead(seqs) : scheduler_->schedule_ahead(seqs);
+  if (next.empty()) return next;
+  std::vector<int32_t> input_rows;
+  if (!current.is_prefill) {
+    // Both batches keep the running queue's order, so each sequence's row in step n is found by walking on.
+    size_t row = 0;
+    for (const Sequence* s : next) {
+      while (row < seqs.size() && seqs[row] != s) row++;
+      if (row == seqs.size()) fail("internal: a sequence scheduled ahead was not in the step before");
+      input_rows.push_back(int32_t(row));
+    }
+  }
+  model_runner_->launch(next, current.is_prefill, input_rows);
+  queue_seconds += model_runner_->last_run_times().queue_seconds;
+  in_flight_ = std::make_unique<LaunchedStep>(LaunchedStep{next, current.is_prefill});
+  (current.is_prefill ? stats_.overlapped_prefill_steps : stats_.overlapped_steps)++;
+  return next;
+}
+
+void LLMEngine::record_step(bool is_prefill, int scheduled_tokens, int64_t context_tokens, double seconds,
+                            double queue_seconds) {
   // A step whose every row was dropped (all its sequences stopped at EOS a step late) is not counted.
   if (is_prefill) {
     stats_.steps++, stats_.prefill_steps++;
@@ -141,8 +154,12 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     stats_.decode_queue_seconds += queue_seconds;
     stats_.decode_wait_seconds += model_runner_->last_run_times().wait_seconds;
   }
-  if (!trace.empty()) log("%s", trace.c_str());
+}
 
+std::vector<GenerateOutput> LLMEngine::take_finished(const std::vector<Sequence*>& seqs,
+                                                     const std::vector<bool>& was_finished,
+                                                     const std::vector<Sequence*>& next,
+                                                     std::chrono::steady_clock::time_point now) {
   std::vector<GenerateOutput> finished;
   std::vector<int64_t> retired_now;
   for (size_t i = 0; i < seqs.size(); i++) {
@@ -151,9 +168,9 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
     // The first completion token: after the prefill step (or last chunk) of the prompt. A preempted
     // sequence keeps its tokens and this time; its recompute makes no new first token.
     if (s->num_completion_tokens() > 0 && s->times.first_token == std::chrono::steady_clock::time_point())
-      s->times.first_token = t1;
+      s->times.first_token = now;
     if (!s->is_finished()) continue;
-    s->times.finished = t1;
+    s->times.finished = now;
     GenerateOutput out;
     out.seq_id = s->seq_id;
     out.prompt_token_ids.assign(s->token_ids.begin(), s->token_ids.begin() + s->num_prompt_tokens);
@@ -171,7 +188,7 @@ std::pair<std::vector<GenerateOutput>, int> LLMEngine::step(std::vector<float>* 
   // Requests retired a step ago whose row the step just read still held: nothing refers to them now.
   for (int64_t id : retired_in_flight_) sequences_.erase(id);
   retired_in_flight_ = std::move(retired_now);
-  return {std::move(finished), is_prefill ? scheduled_tokens : -scheduled_tokens};
+  return finished;
 }
 
 std::string LLMEngine::trace_line(const std::vector<Sequence*>& seqs, bool is_prefill, int64_t preemptions_before,

@@ -71,7 +71,10 @@ class LLMEngine {
   // One engine step: the requests that finished in it, and nano-vllm's signed token count (tokens
   // computed if this was a prefill step, minus the number of sequences if a decode step):
   //   auto [outputs, num_tokens] = engine.step();
-  // `logits`, if given, receives the (sequences, vocab) logits the step sampled from.
+  // Call it only while !is_finished(). The step whose tokens it reads is step n; step n + 1 may be launched
+  // before they are read (the overlap), and is then read by the next call. `logits`, if given, receives the
+  // (rows, vocab) fp32 logits step n sampled from, one row per row of its batch (rows of requests retired
+  // before it ran included), and nothing is launched ahead.
   std::pair<std::vector<GenerateOutput>, int> step(std::vector<float>* logits = nullptr);
 
   // Runs prompts to completion; outputs in prompt order. params has one entry per prompt, or one for all.
@@ -108,9 +111,19 @@ class LLMEngine {
 
   // A step launched on the model runner whose tokens have not been read yet.
   struct LaunchedStep {
-    std::vector<Sequence*> seqs;  // its batch, in row order (rows of retired sequences are dropped)
+    // every row of the launched batch, in row order; a sequence retired after the launch keeps its row, whose
+    // token is dropped
+    std::vector<Sequence*> seqs;
     bool is_prefill = false;
   };
+  // step()'s parts. launch_ahead: schedules and launches step n + 1 before step n's tokens are read, where its
+  // batch needs none of them, adding the launch's host time to queue_seconds; returns its batch (in in_flight_),
+  // or nothing. record_step: the step's statistics. take_finished: the outputs of the requests step n finished,
+  // stamped `now`; frees the requests nothing refers to any longer.
+  std::vector<Sequence*> launch_ahead(const LaunchedStep& current, double& queue_seconds);
+  void record_step(bool is_prefill, int scheduled_tokens, int64_t context_tokens, double seconds, double queue_seconds);
+  std::vector<GenerateOutput> take_finished(const std::vector<Sequence*>& seqs, const std::vector<bool>& was_finished,
+                                            const std::vector<Sequence*>& next, std::chrono::steady_clock::time_point now);
   std::unique_ptr<LaunchedStep> in_flight_;  // launched by the last step() ahead of its tokens, or null
   std::vector<int64_t> retired_in_flight_;  // finished, but still in in_flight_'s batch: erased after it
 

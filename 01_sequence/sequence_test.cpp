@@ -123,6 +123,13 @@ TEST(Ch01_LLMEngine, StepCountsTokensLikeNanoVllm) {
   ASSERT_EQ(finished.size(), 2u);
   EXPECT_EQ(finished[0].token_ids.size(), 3u);
   EXPECT_TRUE(engine.is_finished());
+  // A step with nothing to run is the caller's mistake, named as such (it read as an internal error).
+  try {
+    engine.step();
+    ADD_FAILURE() << "step() ran with nothing to run";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "LLMEngine::step: no request left to run (is_finished())");
+  }
 }
 
 TEST(Ch01_LLMEngine, GenerateReturnsOutputsInPromptOrder) {

@@ -134,6 +134,8 @@ void Scheduler::postprocess(const std::vector<Sequence*>& seqs, const std::vecto
 }
 
 std::vector<Sequence*> Scheduler::schedule_ahead(const std::vector<Sequence*>& launched) {
+  // A waiting request would make step n + 1 a prefill; more running sequences than max_num_seqs would make
+  // schedule() take only the first of them: either way step n + 1 is not the whole running queue.
   if (!waiting_.empty() || int(running_.size()) > max_num_seqs_) return {};
   // Every running sequence ran in step n (so its token of step n exists, in the sampler's output): an
   // overlapped step's batch is the running queue, and retiring only removes from it.
@@ -144,7 +146,7 @@ std::vector<Sequence*> Scheduler::schedule_ahead(const std::vector<Sequence*>& l
   int blocks_needed = 0, going_on = 0;  // as can_append, for every sequence at once, after its placeholder
   for (const Sequence* seq : running_) {
     going_on += goes_on(seq);
-    blocks_needed += goes_on(seq) && (seq->num_tokens() + 1) % block_size_ == 1;
+    blocks_needed += goes_on(seq) && block_manager_.needs_block(seq->num_tokens() + 1);
   }
   if (going_on == 0 || blocks_needed > block_manager_.num_free_blocks()) return {};
 

@@ -31,7 +31,8 @@ class Scheduler {
   // config.num_kvcache_blocks must be set (the model runner computes it from memory).
   explicit Scheduler(const EngineConfig& config);
 
-  // Queues a new request. Throws Error if it can never be scheduled.
+  // Queues a new request; the scheduler keeps the pointer, so `seq` must outlive its run (LLMEngine owns
+  // it). Throws Error if it can never be scheduled, or if its block size is not the engine's.
   void add(Sequence* seq);
   bool is_finished() const { return waiting_.empty() && running_.empty(); }
 
@@ -45,6 +46,7 @@ class Scheduler {
   // token (none for a prefill chunk that has not reached the end of its prompt: that sample is
   // discarded), and retires sequences that hit EOS or max_tokens, releasing their blocks.
   // A sequence retired earlier, whose row an overlapped step still computed (below), is passed over.
+  // token_ids (seqs.size(),): row i's sampled id.
   void postprocess(const std::vector<Sequence*>& seqs, const std::vector<int32_t>& token_ids, bool is_prefill);
 
   // Beyond nano-vllm, the overlapped loop (LLMEngine::step, EngineConfig::overlap_steps): step n + 1 (a

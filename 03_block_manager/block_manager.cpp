@@ -11,6 +11,7 @@ namespace nanovllm {
 BlockManager::BlockManager(int num_blocks, int block_size)
     : block_size_(block_size), used_(size_t(num_blocks), false) {
   if (num_blocks < 1) fail("the KV cache needs at least one block, got ", num_blocks);
+  if (block_size < 1) fail("a KV block holds at least one token, got a block size of ", block_size);
   blocks_.reserve(num_blocks);
   for (int i = 0; i < num_blocks; i++) {
     blocks_.emplace_back();
@@ -107,12 +108,11 @@ void BlockManager::deallocate(Sequence& seq) {
 }
 
 bool BlockManager::can_append(const Sequence& seq) const {
-  bool needs_block = seq.num_tokens() % block_size_ == 1;
-  return num_free_blocks() >= (needs_block ? 1 : 0);
+  return num_free_blocks() >= (needs_block(seq.num_tokens()) ? 1 : 0);
 }
 
 void BlockManager::may_append(Sequence& seq) {
-  if (seq.num_tokens() % block_size_ == 1) seq.block_table.push_back(allocate_block());
+  if (needs_block(seq.num_tokens())) seq.block_table.push_back(allocate_block());
 }
 
 void BlockManager::hash_blocks(Sequence& seq) {

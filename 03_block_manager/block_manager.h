@@ -26,7 +26,7 @@ struct Block {
   int ref_count = 0;          // sequences whose block table holds this block
   bool has_hash = false;      // set once the block is full and computed (nano-vllm: hash != -1)
   uint64_t hash = 0;
-  std::vector<int32_t> token_ids;  // the tokens behind `hash`, to confirm a hit
+  std::vector<int32_t> token_ids;  // (block_size,) the tokens behind `hash`, to confirm a hit; empty until hashed
 
   // Handed out fresh to one owner: no hash until it is full again.
   void reset() {
@@ -39,6 +39,7 @@ struct Block {
 
 class BlockManager {
  public:
+  // num_blocks >= 1 and block_size >= 1, else throws Error.
   BlockManager(int num_blocks, int block_size);
 
   // nano-vllm's compute_hash: xxh64 (seed 0) over the previous block's hash as 8 little-endian bytes
@@ -50,19 +51,24 @@ class BlockManager {
   // prefill always computes at least one token (and has logits to sample from).
   int can_allocate(const Sequence& seq) const;
   // Gives the sequence blocks for all its tokens: the first num_cached_blocks from the prefix cache (as
-  // can_allocate just found them), the rest fresh. Sets num_cached_tokens to the cached part.
+  // can_allocate just found them, with no allocation since: those blocks must still be cached), the rest
+  // fresh. Sets num_cached_tokens to the cached part.
   void allocate(Sequence& seq, int num_cached_blocks);
   // Drops the sequence's hold on its blocks (last block first, so its tail is evicted before its prefix)
   // and clears its block table and num_cached_tokens.
   void deallocate(Sequence& seq);
 
   // Decode: the token just appended (num_tokens() includes it, its K/V not yet written) needs a new block
-  // exactly when num_tokens % block_size == 1. can_append: whether a free block is there for it if so;
-  // may_append gives it one (call it only where can_append said true).
+  // exactly when it is the first of one: (num_tokens - 1) % block_size == 0 (nano-vllm writes
+  // len(seq) % block_size == 1, the same for any block size but 1). can_append: whether a free block is there
+  // for it if so; may_append gives it one (call it only where can_append said true).
+  bool needs_block(int num_tokens) const { return (num_tokens - 1) % block_size_ == 0; }
   bool can_append(const Sequence& seq) const;
   void may_append(Sequence& seq);
 
-  // After a step: hashes the blocks this step filled (called before num_cached_tokens advances).
+  // After a step: hashes the full blocks this step filled, [num_cached_tokens / block_size, (num_cached_tokens
+  // + num_scheduled_tokens) / block_size), each chained to the hash of the block before it, which an earlier
+  // step hashed. Called before num_cached_tokens advances.
   void hash_blocks(Sequence& seq);
 
   int num_free_blocks() const { return int(free_block_ids_.size()); }

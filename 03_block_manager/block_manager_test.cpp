@@ -242,6 +242,25 @@ TEST(Ch03_BlockManager, DecodeNeedsANewBlockExactlyAtBlockBoundaries) {
   EXPECT_TRUE(bm.can_append(s));
 }
 
+// Whatever the block size, decode keeps a table of ceil(num_tokens / block_size) blocks: a block of one token
+// included, where nano-vllm's len(seq) % block_size == 1 would never add one.
+TEST(Ch03_BlockManager, DecodeKeepsCeilTokensOverBlockSizeAtEveryBlockSize) {
+  for (int bs : {1, 2, 3, 16}) {
+    BlockManager bm(64, bs);
+    Sequence s(0, iota_tokens(5), SamplingParams(), 0, bs);
+    prefill(bm, s);
+    EXPECT_EQ(int(s.block_table.size()), ceil_div(5, bs)) << "block size " << bs;
+    for (int i = 0; i < 20; i++) {
+      s.append_token(1);
+      ASSERT_TRUE(bm.can_append(s));
+      bm.may_append(s);
+      EXPECT_EQ(int(s.block_table.size()), ceil_div(s.num_tokens(), bs)) << "block size " << bs << ", " << s.num_tokens() << " tokens";
+      compute(bm, s, 1);
+    }
+  }
+  EXPECT_THROW(BlockManager(4, 0), Error);
+}
+
 TEST(Ch03_BlockManager, CanAppendFailsWithoutFreeBlockAtBoundary) {
   BlockManager bm(1, kBS);
   Sequence s = make_seq(0, iota_tokens(16));

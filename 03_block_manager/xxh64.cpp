@@ -16,7 +16,8 @@ constexpr uint64_t kPrime5 = 0x27D4EB2F165667C5ull;
 
 uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
-// The spec reads input as little-endian words whatever the machine; memcpy + byte assembly does that.
+// The spec reads input as little-endian words whatever the machine: assembling each word byte by byte does
+// that on any endianness.
 uint64_t read64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];

@@ -95,7 +95,8 @@ __device__ inline bool tile_row_needs_logits(const SamplingRow& row, const TileS
 // vocabulary); rows (ROWS,) and seen (ROWS,) are the rows' settings and their keys when the block started,
 // also in shared memory. Every thread of the block calls it. Per row it merges the tile's best candidate
 // into s.best_keys (atomicMax), flags a NaN or +Inf in s.broken (the row's token is then -1, as
-// sample_row_cpu's), and writes the row's logits where tile_row_needs_logits says so.
+// sample_row_cpu's), and writes the row's logits where tile_row_needs_logits says so. Requires STRIDE even
+// and >= 128 and `tile` 8-byte aligned (each lane reads float2 pairs), and blockDim.x a multiple of 32.
 //
 // The loop: 8 lanes a row, 4 rows a warp at a time; lane `sub` holds the row's 8 pairs of neighbouring
 // entries 2 (sub + 8 m), m = 0..7. Greedy rows keep their largest logit. Sampled rows: the lane's 16
@@ -108,6 +109,7 @@ __device__ inline bool tile_row_needs_logits(const SamplingRow& row, const TileS
 template <int ROWS, int STRIDE>
 __device__ void sample_tile(const float* tile, const SamplingRow* rows, const unsigned long long* seen, int row0,
                             int n, int col0, const TileSampling& s) {
+  static_assert(STRIDE % 2 == 0 && STRIDE >= 128, "a lane reads float2 pairs of a 128-entry tile row");
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32, warps = int(blockDim.x) / 32;
   const int sub = lane % 8;
   const bool whole_tile = col0 + 128 <= s.vocab;
@@ -157,6 +159,9 @@ __device__ void sample_tile(const float* tile, const SamplingRow* rows, const un
     float a_max = -INFINITY;
 #pragma unroll
     for (int m = 0; m < 8; m++) a_max = fmaxf(a_max, fmaxf(v[m].x, v[m].y) * inverse_temperature);
+    // seen may be stale (another block's atomicMax may land after this read): keys only grow, so an old key
+    // gives a lower bar, which only prunes less, never a wrong token. Relaxed atomics suffice: the keys are
+    // read as a whole only by the next kernel (tokens_from_keys_kernel).
     const unsigned long long seen_key = seen[rl];
     float bar = sampled && seen_key != 0 ? prune_bar(score_of_candidate(seen_key)) : -INFINITY;
     {
@@ -182,11 +187,12 @@ __device__ void sample_tile(const float* tile, const SamplingRow* rows, const un
         const float t = __expf(-__expf(-(bar - a_max))) - kUniformMargin;
         if (t > 0.0f) k_clear = __float2int_rd(t * 8388608.0f - 0.5f);
       }
-      // sampler_bits with the step's part hashed once: pair + 8 m's hash input is first's + 8 m golden.
-      const uint64_t first = p.seed + 0x9e3779b97f4a7c15ull * (mix64(p.step) + 1 + uint64_t(uint32_t(col0 / 2 + sub)));
+      // sampler_bits (sampler.h) with the step's part hashed once: pair + 8 m's hash input is first's + 8 m
+      // kGolden64. It must give sampler_bits(seed, step, col0 / 2 + sub + 8 m): change both together.
+      const uint64_t first = p.seed + kGolden64 * (mix64(p.step) + 1 + uint64_t(uint32_t(col0 / 2 + sub)));
 #pragma unroll
       for (int m = 0; m < 8; m++) {
-        z[m] = mix64(first + uint64_t(m) * (8 * 0x9e3779b97f4a7c15ull));
+        z[m] = mix64(first + uint64_t(m) * (8 * kGolden64));
         if (int(sampler_bits_of_entry(z[m], 0)) >= k_clear && v[m].x != -INFINITY) need |= 1u << (2 * m);
         if (int(sampler_bits_of_entry(z[m], 1)) >= k_clear && v[m].y != -INFINITY) need |= 2u << (2 * m);
       }

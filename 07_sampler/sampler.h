@@ -36,8 +36,13 @@ SAMPLER_HD inline uint64_t mix64(uint64_t z) {
 // position `step` of a request with seed `seed`. Two entries share one hash: its 64 bits hold both
 // entries' 23, and the hash's three 64-bit multiplications were most of what the GPU sampler's loop spent
 // per entry (04_model_runner/NOTES.md, section 5).
+// kGolden64 is 2^64 divided by the golden ratio, splitmix64's increment: its multiples (a Weyl sequence) spread
+// neighbouring pairs' hash inputs over all 64 bits before mix64 scrambles them. sample_tile.cuh computes the same
+// bits with the step's part hashed once: a change here must be made there too
+// (Ch06_LinearCuda.SampleInTheEndingMatchesCpuOverItsOwnLogits compares the two).
+constexpr uint64_t kGolden64 = 0x9e3779b97f4a7c15ull;
 SAMPLER_HD inline uint64_t sampler_bits(uint64_t seed, uint64_t step, uint32_t pair) {
-  return mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + pair + 1));
+  return mix64(seed + kGolden64 * (mix64(step) + pair + 1));
 }
 
 // Entry i's 23 random bits k within its pair's hash z: bits 41-63 for the even entry, 18-40 for the odd one.
@@ -63,7 +68,7 @@ SAMPLER_HD inline float gumbel_noise(uint64_t seed, uint64_t step, uint32_t inde
 }
 
 // Temperatures below 1e-5 sample greedily (the argmax). logits / T must stay finite: at T = 1e-40 every
-// positive logit became +inf and the first of them won (token 0 where greedy gives 492); from 1e-5 up, a
+// positive logit would be +inf, and the first of them would win wherever the argmax is; from 1e-5 up, a
 // logit would need |l| > 3.4e33 to overflow. Nothing is lost: the Gumbel noise spans less than 19.5
 // (u is in [2^-24, 1 - 2^-24]), so at T < 1e-5 only tokens within 2e-4 of the maximum logit could win,
 // a difference below the precision the logits are computed to (bf16 weights).
@@ -92,12 +97,16 @@ void sample_cpu(int32_t* tokens, const float* logits, int num_rows, int vocab_si
 // (sampler_top_k_top_p.cu: radix select, no sort), which writes -1 for a row with a NaN or an infinite
 // maximum. No host synchronisation or allocation: safe inside a CUDA graph. prune (the default) lets
 // sample_kernel skip the exact score of entries that provably cannot win (sampler.cu, below_bar): the same
-// tokens in 41% of the time at 256 rows; false scores every entry, the loop of sample_row_cpu.
+// tokens in 41% of the time at 256 rows (177 -> 72.7 µs a step on an H200, `bench-step --random qwen3-0.6b
+// --batch 256`; 04_model_runner/NOTES.md, sections 5 and 13); false scores every entry, the loop of
+// sample_row_cpu.
 #ifdef NANOVLLM_CUDA
 #include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
 
+// tokens (num_rows,) <- one id a row, -1 for a row whose logits hold a NaN or have no finite maximum; logits
+// (num_rows, vocab_size) fp32 and rows (num_rows,) in device memory. Queued on `stream`; no host sync.
 void sample_cuda(int32_t* tokens, const float* logits, int num_rows, int vocab_size, const SamplingRow* rows,
                  cudaStream_t stream, bool prune = true);
 

@@ -33,7 +33,7 @@ int32_t sample_row_cpu(const float* logits, int vocab_size, const SamplingRow& r
     if (row.top_k > 0 && row.top_k < vocab_size) candidates.resize(size_t(row.top_k));
     if (row.top_p < 1.0f) {
       // Probabilities of the kept candidates, renormalised over them, accumulated until top_p is reached.
-      double max_scaled = logits[candidates[0]] / row.temperature, total = 0;
+      double max_scaled = double(logits[candidates[0]]) / row.temperature, total = 0;  // the top token: q = 1
       std::vector<double> p(candidates.size());
       for (size_t i = 0; i < candidates.size(); i++) {
         p[i] = std::exp(double(logits[candidates[i]]) / row.temperature - max_scaled);
