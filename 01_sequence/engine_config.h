@@ -32,6 +32,7 @@ struct EngineConfig {
   // user value; a real override makes preemption reproducible in tests).
   int num_kvcache_blocks = -1;
   std::vector<int32_t> eos;          // end-of-sequence ids, from generation_config.json / config.json
+  int max_position_embeddings = 0;   // the model's, from config.json (set by ModelRunner; 0 until then)
   uint64_t seed = 0;                 // the engine's seed; requests without one derive theirs from it
   bool trace = false;                // print every scheduling decision to stderr
   // Launch step n + 1 before step n's tokens reach the host where its batch allows (LLMEngine::step): a

@@ -10,6 +10,7 @@ Scheduler::Scheduler(const EngineConfig& config)
     : max_num_seqs_(config.max_num_seqs),
       max_num_batched_tokens_(config.max_num_batched_tokens),
       max_model_len_(config.max_model_len),
+      max_position_embeddings_(config.max_position_embeddings),
       block_size_(config.kvcache_block_size),
       eos_(config.eos),
       block_manager_(config.num_kvcache_blocks, config.kvcache_block_size) {}
@@ -20,7 +21,8 @@ void Scheduler::add(Sequence* seq) {
   const int64_t max_len = int64_t(seq->num_prompt_tokens) + seq->params.max_tokens;
   if (max_len > max_model_len_)
     fail("request ", seq->seq_id, ": prompt (", counted(seq->num_prompt_tokens, "token"), ") + max_tokens (",
-         seq->params.max_tokens, ") exceeds max_model_len (", max_model_len_, ")");
+         seq->params.max_tokens, ") exceeds max_model_len (", max_model_len_,
+         max_model_len_ == max_position_embeddings_ ? ", the model's max_position_embeddings" : "", ")");
   const int64_t blocks_needed = ceil_div<int64_t>(max_len - 1, block_size_);
   if (blocks_needed > block_manager_.num_blocks())
     fail("request ", seq->seq_id, ": needs ", blocks_needed, " KV blocks of ", block_size_,

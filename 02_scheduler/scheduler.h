@@ -96,6 +96,7 @@ class Scheduler {
   int max_num_seqs_;
   int max_num_batched_tokens_;
   int max_model_len_;
+  int max_position_embeddings_;  // the model's (0: not known), named by add()'s error where it set max_model_len_
   int block_size_;
   std::vector<int32_t> eos_;
   BlockManager block_manager_;

@@ -42,6 +42,7 @@ ModelRunner::ModelRunner(EngineConfig& config)
     log("note: --collectives events changes nothing without several ranks on the GPU");
   }
   config.max_model_len = std::min(config.max_model_len, mc.max_position_embeddings);
+  config.max_position_embeddings = mc.max_position_embeddings;
   max_model_len_ = config.max_model_len;
   block_table_width_ = ceil_div(max_model_len_, block_size_);
   max_seqs_ = config.max_num_seqs;

@@ -121,7 +121,8 @@ TEST(E2E_Reliability, HugeMaxTokensIsRefusedUpFront) {
   for (const char* kv : {" --block-size 16 --kv-cache-blocks 2", ""}) {
     auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids 1 --max-tokens 2147483647 --ignore-eos" + kv);
     EXPECT_EQ(r.exit_code, 1) << kv;
-    EXPECT_EQ(r.err, "error: request 0: prompt (1 token) + max_tokens (2147483647) exceeds max_model_len (4096)\n")
+    EXPECT_EQ(r.err, "error: request 0: prompt (1 token) + max_tokens (2147483647) exceeds max_model_len (4096, "
+                     "the model's max_position_embeddings)\n")
         << kv;
     EXPECT_EQ(r.out, "");
   }
@@ -466,6 +467,22 @@ TEST(E2E_Reliability, LogitsTakeAPromptOfExactlyMaxModelLen) {
   auto over = run_nanovllm(args + " --max-model-len 3");
   EXPECT_EQ(over.exit_code, 1);
   EXPECT_EQ(over.err, "error: request 0: prompt (4 tokens) exceeds max_model_len (3)\n");
+}
+
+TEST(E2E_Reliability, ALengthTheModelSetIsNamedAsTheModels) {
+  // A model of 8 positions cuts the default max_model_len (4096) to 8: the error named max_model_len (8), a
+  // setting the user never gave; a length the flag set is named as before.
+  ScratchDir dir;
+  copy_model_editing_config(kModelA, dir.path, [](Json& c) { c.set("max_position_embeddings", 8); });
+  const std::string args = "generate --device cpu --model " + dir.path + " --prompt-ids 1,2,3 --max-tokens 6";
+  auto model = run_nanovllm(args);
+  EXPECT_EQ(model.exit_code, 1);
+  EXPECT_EQ(model.err,
+            "error: request 0: prompt (3 tokens) + max_tokens (6) exceeds max_model_len (8, the model's "
+            "max_position_embeddings)\n");
+  auto flag = run_nanovllm(args + " --max-model-len 7");
+  EXPECT_EQ(flag.exit_code, 1);
+  EXPECT_EQ(flag.err, "error: request 0: prompt (3 tokens) + max_tokens (6) exceeds max_model_len (7)\n");
 }
 
 TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {

@@ -193,7 +193,8 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
       {"{\"prompt_token_ids\": [1]}\n{\"prompt_token_ids\": [5000]}\n",
        "error: stdin line 2: request 1: token id 5000 is outside the vocabulary [0, 512)"},
       {"\n{\"prompt_token_ids\": [1, 2], \"max_tokens\": 4095}\n",
-       "error: stdin line 2: request 0: prompt (2 tokens) + max_tokens (4095) exceeds max_model_len (4096)"},
+       "error: stdin line 2: request 0: prompt (2 tokens) + max_tokens (4095) exceeds max_model_len (4096, the "
+       "model's max_position_embeddings)"},
       {"{\"prompt\": \"hi\"}\n", "error: stdin line 1: a text prompt needs a tokenizer: " +
                                       test::data_path("golden/tiny-qwen3-a") +
                                       " has no tokenizer.json (give --tokenizer DIR)"},

@@ -162,7 +162,8 @@ void check_chat_template(const std::string& dir) {
       fail(dir, ": no chat template (neither chat_template.jinja nor tokenizer_config.json); --chat and "
                 "chat-template render Qwen3's");
     const Json config = Json::parse(read_file(source, kConfigFile), source);
-    const Json* found = config.is_object() ? config.find("chat_template") : nullptr;
+    if (!config.is_object()) fail(source, ": expected a JSON object");  // as the tokenizer says it
+    const Json* found = config.find("chat_template");
     if (!found || found->is_null()) fail(source, ": no chat_template (--chat and chat-template render Qwen3's)");
     bool named_default = false;
     if (found->is_array())  // named templates: [{"name": "default", "template": "..."}, ...]

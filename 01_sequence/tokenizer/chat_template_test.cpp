@@ -175,6 +175,7 @@ TEST(Ch01_ChatTemplate, ATokenizerMustHoldQwensChatMlLayout) {
             config_path + ": the chat template is ChatML but not Qwen3's (no enable_thinking); only Qwen3's "
                           "hybrid-thinking template is implemented");
   EXPECT_EQ(error_with("{}"), config_path + ": no chat_template (--chat and chat-template render Qwen3's)");
+  EXPECT_EQ(error_with("[]"), config_path + ": expected a JSON object");  // it said "no chat_template"
   EXPECT_EQ(error_with(R"({"chat_template": "{% for m in messages %}[INST] {{ m.content }}{% endfor %}"})"),
             config_path + ": the chat template is not in Qwen's ChatML layout (no <|im_start|>); only Qwen3's is "
                           "implemented");

@@ -159,6 +159,10 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   c.rms_norm_eps = config.as_number("rms_norm_eps", config.required("rms_norm_eps"));
   if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps))
     fail(path, ": field 'rms_norm_eps' must be positive, got ", c.rms_norm_eps);
+  // The norms add it in fp32: past FLT_MAX it is +inf there and every normed value 0 (logits all 0, no error);
+  // below fp32's smallest it is 0 there and an all-zero row divides by 0.
+  if (!std::isfinite(float(c.rms_norm_eps)) || !(float(c.rms_norm_eps) > 0))
+    fail(path, ": field 'rms_norm_eps' is ", c.rms_norm_eps, ", outside fp32's range, in which the norms add it");
 
   // RoPE base. transformers 4 writes "rope_theta" (and "rope_scaling": null); transformers 5 writes
   // "rope_parameters": {"rope_theta": ..., "rope_type": "default"}; some versions in between put the
@@ -178,6 +182,9 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
     const Json* type = rope.optional(type_key);
     if (type && rope.as_string(type_key, *type) != "default")
       fail(path, ": field '", group_name, ".", type_key, "' is '", type->as_string(), "'; only default RoPE is supported");
+    // A scaling factor with no type says scaled RoPE without saying which: refused, as a named type is.
+    if (!type && rope.optional("factor"))
+      fail(path, ": field '", group_name, ".factor' is given without a rope_type; only default RoPE is supported");
     if (const Json* theta = rope.optional("rope_theta")) {
       c.rope_theta = rope.as_number("rope_theta", *theta);
       have_theta = true;

@@ -178,11 +178,17 @@ TEST(Ch04_Config, InconsistentOrUnsupportedValuesAreRefused) {
       {"head_dim", "15", "head_dim must be even for rotary embeddings, got 15"},
       {"max_position_embeddings", "0", "field 'max_position_embeddings' must be positive, got 0"},
       {"rms_norm_eps", "0", "field 'rms_norm_eps' must be positive, got 0"},
+      // Finite as a double, +inf or 0 in the fp32 the norms add it in: every logit was 0, without an error.
+      {"rms_norm_eps", "1e300", "field 'rms_norm_eps' is 1e+300, outside fp32's range, in which the norms add it"},
+      {"rms_norm_eps", "1e-300", "field 'rms_norm_eps' is 1e-300, outside fp32's range, in which the norms add it"},
       {"rope_parameters", R"({"rope_theta":-1})", "rope_theta must be positive, got -1"},
       {"rope_parameters", R"({"rope_theta":1e6,"rope_type":"yarn","factor":4})",
        "field 'rope_parameters.rope_type' is 'yarn'; only default RoPE is supported"},
       // The older spelling is named as written (it was reported as 'rope_scaling.rope_type').
       {"rope_scaling", R"({"type":"linear","factor":2})", "field 'rope_scaling.type' is 'linear'; only default RoPE is supported"},
+      // A factor with no type was run as plain RoPE.
+      {"rope_scaling", R"({"factor":4.0,"original_max_position_embeddings":1024})",
+       "field 'rope_scaling.factor' is given without a rope_type; only default RoPE is supported"},
       {"hidden_act", "\"gelu\"", "field 'hidden_act' is 'gelu'; Qwen3 uses 'silu'"},
       {"attention_bias", "true", "attention_bias is true; Qwen3 has no attention bias (it has q_norm/k_norm instead)"},
       {"use_sliding_window", "true", "use_sliding_window is true; sliding-window attention is not supported"},

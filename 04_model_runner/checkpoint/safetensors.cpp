@@ -286,9 +286,17 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     }
     for (const auto& [shard, names] : by_shard) {
       const std::string path = dir + "/" + shard;
-      if (!is_regular_file(path))  // '.' or '..' name the folder itself, a file name that is no file
-        fail(index_path, ": shard '", shard, "' (of tensor '", names.front(), "') ",
-             is_directory(path) ? "is a directory" : "does not exist", " in ", dir);
+      if (!is_regular_file(path)) {  // '.' or '..' name the folder itself; a FIFO, a link to nothing, a loop...
+        struct stat st;
+        const bool exists = stat(path.c_str(), &st) == 0;
+        const int stat_errno = errno;
+        const std::string why = exists ? (S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file")
+                                : lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && stat_errno == ENOENT
+                                    ? "is a symbolic link to nothing"
+                                : stat_errno == ENOENT ? "does not exist"
+                                                       : std::string("cannot be read (") + std::strerror(stat_errno) + ")";
+        fail(index_path, ": shard '", shard, "' (of tensor '", names.front(), "') ", why, " in ", dir);
+      }
       SafetensorsFile file = SafetensorsFile::open(path);
       std::map<std::string_view, const TensorView*> in_file;
       for (const TensorView& view : file.tensors()) in_file[view.name] = &view;

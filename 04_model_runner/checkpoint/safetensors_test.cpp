@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "01_sequence/base/bf16.h"
@@ -433,6 +436,21 @@ TEST(Ch04_Safetensors, BrokenIndexGivesNamedErrors) {
   write_string(index, R"({"weight_map":{"x":"s1.safetensors","y":"."}})");  // it said "does not exist"
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
             index + ": shard '.' (of tensor 'y') is a directory in " + dir.path());
+  // A shard that exists but is no file, a link to nothing, a link loop: each said "does not exist".
+  write_string(index, R"({"weight_map":{"x":"s1.safetensors","y":"s2.safetensors"}})");
+  ASSERT_EQ(mkfifo((dir / "s2.safetensors").c_str(), 0600), 0);
+  EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
+            index + ": shard 's2.safetensors' (of tensor 'y') is not a regular file in " + dir.path());
+  std::remove((dir / "s2.safetensors").c_str());
+  ASSERT_EQ(symlink("nowhere.safetensors", (dir / "s2.safetensors").c_str()), 0);
+  EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
+            index + ": shard 's2.safetensors' (of tensor 'y') is a symbolic link to nothing in " + dir.path());
+  std::remove((dir / "s2.safetensors").c_str());
+  ASSERT_EQ(symlink("s2.safetensors", (dir / "s2.safetensors").c_str()), 0);
+  EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
+            index + ": shard 's2.safetensors' (of tensor 'y') cannot be read (" + std::strerror(ELOOP) + ") in " +
+                dir.path());
+  std::remove((dir / "s2.safetensors").c_str());
   write_string(index, R"({"weight_map":{"x":"s1.safetensors","y":"s1.safetensors"}})");
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
             index + ": tensor 'y' is listed in shard 's1.safetensors', which does not hold it");
