@@ -29,7 +29,7 @@ struct AttentionMetadata {
   int max_seqlen_q = 0;
   // Decode only:
   Tensor context_lens;  // (num_seqs,) i32: keys to attend to, the current token's included; 0 = padding
-  int max_context_len = 0;  // an upper bound, for sizing the work
+  int max_context_len = 0;  // an upper bound, for sizing the work (prefill sets it too; nothing reads it there)
   Tensor scratch;           // F32 workspace of the GPU decode kernel (partial results); unused on the CPU
 };
 
@@ -46,6 +46,8 @@ struct RankGroup {
   std::vector<char*> workspaces;
 };
 
+// One rank's attention heads: num_heads query and num_kv_heads KV heads of head_dim each; a row of the packed
+// qkv projection is [q (q_dim), k (kv_dim), v (kv_dim)].
 struct HeadLayout {
   int num_heads, num_kv_heads, head_dim;
   int q_dim() const { return num_heads * head_dim; }
@@ -143,7 +145,7 @@ class Backend {
   }
   // Per-head RMSNorm of q and k, then RoPE at positions (n,) i32 with cos/sin tables (max_positions,
   // head_dim / 2) F32, then k and v written into one layer's cache: qkv (n, qkv_dim) act, q normed and
-  // rotated in place; k_cache, v_cache (num_blocks, block_size, kv_dim) act; slot_mapping (n,) i32, -1 = skip.
+  // rotated in place; k_cache, v_cache (num_blocks, block_size, num_kv_heads, head_dim) act; slot_mapping (n,) i32, -1 = skip.
   // On the CPU it is exactly the two references in sequence (qk_norm_rope_cpu, store_kvcache_cpu); on the GPU
   // one kernel that reads q, k and v once and leaves qkv's k raw (attention reads keys from the cache only;
   // 04_model_runner/NOTES.md sections 1 and 17), whose test checks it against the two kernels it replaced,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <numeric>
 #include <utility>
 
@@ -18,7 +19,26 @@ namespace {
 // context's own growth, cuBLAS internals.
 constexpr size_t kGpuReserveBytes = size_t(256) << 20;
 
+// The block manager gives a sequence a block for every token it computes (chapter 03); a table one block
+// short would put a token's K/V in a slot read from past the table's end.
+void check_blocks_hold(const Sequence& seq, int end) {
+  if (int64_t(seq.block_table.size()) * seq.block_size < end)
+    fail("internal: sequence ", seq.seq_id, " computes up to position ", end - 1, " but holds ",
+         counted(int64_t(seq.block_table.size()), "block"), " of ", seq.block_size, " tokens");
+}
+
 }  // namespace
+
+void check_fits_cuda_kernels(const ModelConfig& mc, const TensorParallelLayout& tp, const std::string& source) {
+  const char* why = ", which the CUDA kernels need (--device cpu runs it)";
+  if (mc.hidden_size % 8 != 0 || mc.hidden_size > kMaxCudaHidden)
+    fail(source, ": hidden_size ", mc.hidden_size, " is not a multiple of 8 up to ", kMaxCudaHidden, why);
+  if (tp.intermediate_per_rank % 8 != 0)
+    fail(source, ": intermediate_size ", mc.intermediate_size, " is not a multiple of 8 on each of ",
+         counted(tp.tp_size, "rank"), why);
+  if (mc.head_dim != 64 && mc.head_dim != 128 && mc.head_dim != 256)
+    fail(source, ": head_dim ", mc.head_dim, " is not 64, 128 or 256", why);
+}
 
 ModelRunner::ModelRunner(EngineConfig& config)
     : block_size_(config.kvcache_block_size),
@@ -138,6 +158,7 @@ void ModelRunner::load_rank(Rank& r, const ModelConfig& mc, const TensorParallel
                             const EngineConfig& config) {
   r.backend = device_id >= 0 ? make_cuda_backend(device_id, config.attention_version, config.linear_version)
                              : make_cpu_backend();
+  if (device_id >= 0) check_fits_cuda_kernels(mc, tp, config.model + "/config.json");
   r.model = std::make_unique<Qwen3Model>(mc, load_qwen3_weights(*r.backend, checkpoint_, mc, tp, r.rank), tp, r.rank);
   const auto fail_for_buffers = [&](const std::string& why) {
     fail("the buffers for steps of up to ", max_tokens_, " tokens and ", max_seqs_, " sequences of up to ",
@@ -195,11 +216,14 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
     // through the GPU's formula, so --gpu-memory-utilization changes it too; but always room for one sequence
     // of max_model_len (--kv-cache-blocks, above, overrides it).
     const double budget = double(config.cpu_memory_mib) * (1 << 20) * config.gpu_memory_utilization - double(allocated_bytes());
-    num_blocks_ = std::max(budget > 0 ? int(budget / double(kv_block_bytes_)) : 0, block_table_width_);
+    // At most INT_MAX blocks (a budget of terabytes over tiny blocks gave more, and the int cast wrapped).
+    const double fit = std::min(budget / double(kv_block_bytes_), double(INT_MAX));
+    num_blocks_ = std::max(budget > 0 ? int(fit) : 0, block_table_width_);
   } else {
     // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
     // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
-    // formula is exact, with a small reserve for what CUDA itself allocates later. Ranks that share a
+    // formula is exact, with a small reserve for what CUDA itself allocates later (and, with several ranks,
+    // the all-reduce's buffer, (max_tokens, hidden) bf16 a rank, allocated after: 32 MiB for Qwen3-0.6B). Ranks that share a
     // GPU share its budget; every rank gets the same number of blocks (the smallest that fits).
     num_blocks_ = -1;
     for (auto& r : ranks_) {
@@ -210,7 +234,7 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
       r->backend->memory_info(&free_bytes, &total_bytes);
       const double budget = double(total_bytes) * config.gpu_memory_utilization - double(total_bytes - free_bytes) -
                             double(kGpuReserveBytes);
-      const int blocks = budget > 0 ? int(budget / double(rank_block_bytes * size_t(sharing))) : 0;
+      const int blocks = budget > 0 ? int(std::min(budget / double(rank_block_bytes * size_t(sharing)), double(INT_MAX))) : 0;
       if (blocks < 1)
         fail("no GPU memory left for the KV cache (", (total_bytes - free_bytes) >> 20, " MiB in use of ",
              total_bytes >> 20, " MiB; raise --gpu-memory-utilization or lower --max-num-batched-tokens / --max-num-seqs)");
@@ -299,6 +323,7 @@ StepInputs ModelRunner::prepare_prefill(const std::vector<Sequence*>& seqs) cons
     // This step computes tokens [start, end); attention covers keys [0, end) (nano-vllm #213: not the
     // whole sequence, when this is a chunk).
     const int start = seq->num_cached_tokens, end = start + seq->num_scheduled_tokens;
+    check_blocks_hold(*seq, end);
     for (int pos = start; pos < end; pos++) {
       in.input_ids.push_back(seq->token_ids[pos]);
       in.positions.push_back(pos);
@@ -322,6 +347,7 @@ StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const
     // The last token was sampled but not yet computed: it is the input, at position len - 1, and its
     // K/V go to the last slot of the last block. It attends to all len tokens, itself included.
     const int pos = seq->num_tokens() - 1;
+    check_blocks_hold(*seq, pos + 1);
     in.input_ids.push_back(seq->last_token);
     in.positions.push_back(pos);
     in.slot_mapping.push_back(seq->block_table[pos / block_size_] * block_size_ + pos % block_size_);

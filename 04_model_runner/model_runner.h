@@ -46,11 +46,21 @@ struct StepInputs {
   int num_tokens() const { return int(input_ids.size()); }
 };
 
+// The CUDA kernels' limits on a model's shape (04_model_runner/layers.h, 05_attention): hidden_size and
+// each rank's intermediate width multiples of 8 (16-byte copies), hidden_size at most kMaxCudaHidden (a row
+// kernel's 128 threads hold 8 chunks of 8 each), head_dim 64, 128 or 256. Throws Error naming `source`
+// (config.json) and the field; the model runner calls it before loading onto a GPU.
+constexpr int kMaxCudaHidden = 8192;
+void check_fits_cuda_kernels(const ModelConfig& mc, const TensorParallelLayout& tp, const std::string& source);
+
 class ModelRunner {
  public:
   // Loads config.model onto config.device, split over config.tensor_parallel_size ranks. Sets
   // config.num_kvcache_blocks (unless the user fixed it) and clamps config.max_model_len to the model's
-  // max_position_embeddings, as nano-vllm's Config does.
+  // max_position_embeddings, as nano-vllm's Config does. Also: resolves an empty config.device
+  // (device_or_default), turns config.enforce_eager on for --collectives events with several GPU ranks,
+  // sets config.max_position_embeddings, and fills config.eos from the model when it is empty. Throws Error
+  // for an unreadable or unsupported checkpoint, a split that cannot work, and settings memory cannot hold.
   explicit ModelRunner(EngineConfig& config);
   ~ModelRunner();
 
@@ -74,6 +84,8 @@ class ModelRunner {
   // Where the last run() spent its time on the host: preparing the step's inputs and queuing the work
   // (uploads, the graph or the kernels; on a GPU the device starts meanwhile), then waiting for the
   // sampled tokens (on a GPU, mostly the device finishing; on the CPU, nothing: the work ran in the first).
+  // With launch and collect called apart (the overlapped loop): the last launch's queuing and the last
+  // collect's wait, usually of different steps.
   struct RunTimes {
     double queue_seconds = 0, wait_seconds = 0;
   };
@@ -128,7 +140,7 @@ class ModelRunner {
     std::unique_ptr<Backend> backend;
     std::unique_ptr<Qwen3Model> model;
     Qwen3Workspace workspace;
-    Buffer kv_storage;
+    Buffer kv_storage;  // (2, layers, num_blocks, block_size, kv heads of this rank, head_dim), activation dtype
     std::vector<Tensor> k_caches, v_caches;    // per layer: (num_blocks, block_size, kv_heads, head_dim)
     Buffer attention_scratch;                  // decode attention's partial results (GPU)
     Buffer step_storage, step_staging;         // the step tensors on the device, and their host mirror

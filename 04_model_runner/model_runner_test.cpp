@@ -292,3 +292,36 @@ TEST(Ch04_Backend, PullCopiesOnlyItsRangesAndPushWritesTheSlotsRow) {
   cpu->push_tokens_async(tokens.data(), 8, src, slot);
   EXPECT_EQ(tokens, (std::vector<int32_t>{-1, -1, -1, -1, -1, -1, -1, -1, 10, 11, 12, -1, -1, -1, -1, -1}));
 }
+
+TEST(Ch04_ModelRunner, ShapesTheCudaKernelsCannotTakeAreNamedBeforeLoading) {
+  // The GPU's row kernels asserted these (an abort under --device cuda); now the runner names the field first.
+  ModelConfig mc = ModelConfig::load(test::data_path("golden/tiny-qwen3-a"));
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(mc, tensor_parallel_layout(mc, 1), "c.json"); }), "");
+  ModelConfig odd = mc;
+  odd.hidden_size = 100;
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(odd, tensor_parallel_layout(odd, 1), "c.json"); }),
+            "c.json: hidden_size 100 is not a multiple of 8 up to 8192, which the CUDA kernels need (--device cpu runs it)");
+  odd = mc;
+  odd.intermediate_size = 136;  // 8 x 17: whole on one rank, 34 a rank on 4
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(odd, tensor_parallel_layout(odd, 1), "c.json"); }), "");
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(odd, tensor_parallel_layout(odd, 4), "c.json"); }),
+            "c.json: intermediate_size 136 is not a multiple of 8 on each of 4 ranks, which the CUDA kernels need "
+            "(--device cpu runs it)");
+  odd = mc;
+  odd.head_dim = 96;
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(odd, tensor_parallel_layout(odd, 1), "c.json"); }),
+            "c.json: head_dim 96 is not 64, 128 or 256, which the CUDA kernels need (--device cpu runs it)");
+}
+
+TEST(Ch04_ModelRunner, ABlockTableTooShortIsAnErrorNotAStrayRead) {
+  // A sequence whose table lacks the block for a token it computes (a block manager broken in an exercise)
+  // read its slot from past the table's end.
+  ModelRunner runner = make_runner();
+  Sequence s(0, range(1, 21), SamplingParams(), 0, 16);  // 20 tokens: two blocks of 16
+  s.block_table = {3};
+  s.num_scheduled_tokens = 20;
+  EXPECT_EQ(test::error_of([&] { runner.prepare_prefill({&s}); }),
+            "internal: sequence 0 computes up to position 19 but holds 1 block of 16 tokens");
+  s.block_table = {3, 5};
+  EXPECT_EQ(test::error_of([&] { runner.prepare_prefill({&s}); }), "");
+}

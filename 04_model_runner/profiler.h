@@ -113,8 +113,9 @@ class ProfiledBackend final : public Backend {
   std::vector<std::unique_ptr<Timer>> timers_;  // calls since the last report, in order
 };
 
-// Device-to-device copy bandwidth in GB/s (bytes read + written per second) on CUDA device 0, the
-// roofline for memory-bound kernels: ten 1 GiB copies timed with CUDA events. 0 without a GPU.
+// Device-to-device copy bandwidth in GB/s (bytes read + written per second) on the current CUDA device, the
+// roofline for memory-bound kernels: ten 1 GiB copies timed with CUDA events (2 GiB allocated for them). 0
+// without a GPU.
 double measure_copy_bandwidth();
 
 // Marks where an external profiler should look: between profiler_range_begin() and profiler_range_end()

@@ -36,7 +36,11 @@ class WeightLoader {
   // Uploads host fp32 values as a (rows, cols) or (cols) weight in the backend's weight dtype.
   Tensor upload(const std::vector<float>& values, std::initializer_list<int64_t> shape) {
     Tensor probe(nullptr, backend_.weight_dtype(), backend_.device(), shape);
-    if (size_t(probe.numel()) != values.size()) fail("internal: weight of ", values.size(), " values for shape");
+    if (size_t(probe.numel()) != values.size()) {
+      std::string dims;
+      for (int64_t d : shape) dims += (dims.empty() ? "(" : ", ") + std::to_string(d);
+      fail("internal: weight of ", values.size(), " values for shape ", dims, ")");
+    }
     weights_.storage.emplace_back(backend_.device(), probe.nbytes());
     probe.data = weights_.storage.back().data();
     if (probe.dtype == DType::F32) {

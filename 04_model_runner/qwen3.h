@@ -50,7 +50,8 @@ Qwen3Weights load_qwen3_weights(Backend& backend, const Checkpoint& checkpoint, 
 TensorParallelLayout tensor_parallel_layout(const ModelConfig& config, int tp_size);
 
 // Activation buffers for up to max_tokens tokens and max_seqs sequences per step, allocated once, with
-// the same layout on every rank. T and B below are those capacities; a step uses its first rows.
+// the same layout on every rank. T and B below are those capacities; a step uses its first rows. A tensor
+// with no dtype named is in the activation dtype: F32 on the CPU, BF16 on the GPU.
 struct Qwen3Workspace {
   Tensor residual;      // (T, H)
   Tensor hidden;        // (T, H): a sublayer's output

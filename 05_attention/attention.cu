@@ -54,7 +54,9 @@ void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16*
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream) {
   if (num_tokens == 0) return;
   const bool aligned = kv_dim % 8 == 0 && row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(v) % 16 == 0;
+                       reinterpret_cast<uintptr_t>(v) % 16 == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  // 128 threads: a row of Qwen3's kv_dim (1,024 values) is 128 chunks of 8, one a thread.
   if (aligned)
     store_kvcache_kernel<8><<<num_tokens, 128, 0, stream>>>(k_cache, v_cache, k, v, row_stride, slot_mapping, kv_dim);
   else

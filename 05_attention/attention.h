@@ -24,7 +24,7 @@ struct AttentionShape {
   int num_heads;     // query heads
   int num_kv_heads;  // key/value heads (divides num_heads)
   int head_dim;
-  int block_size;    // tokens per KV block
+  int block_size;    // tokens per KV block (v9-v11 decode: a multiple of 16, else v0 runs)
   float scale;       // softmax scale, head_dim^-0.5
 };
 
@@ -84,8 +84,9 @@ constexpr int kDefaultDecodeVersion = 11;  // v11_cluster_combine
 // The version that really runs for `requested` (kAttentionVersionDefault or a table number) in this
 // phase and shape: the phase's default when `requested` is the default or does not implement the phase;
 // then v0_naive when the kernel cannot take the shape (v1-v12 are instantiated for head_dim 64 and 128
-// only, and their decode kernels for GQA groups of at most 8 query heads). Throws Error for a number
-// that is not in the table, and for head_dim outside 1..256 (v0's limit).
+// only, their decode kernels for GQA groups of at most 8 query heads, and v9-v11 for block sizes that are
+// multiples of 16). Throws Error for a number that is not in the table, for head_dim outside 1..256 (v0's
+// limit), and for heads that do not form groups (num_heads a multiple of num_kv_heads >= 1).
 int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape);
 
 }  // namespace nanovllm
@@ -98,7 +99,7 @@ int attention_version_for(AttentionPhase phase, int requested, const AttentionSh
 namespace nanovllm {
 
 // As store_kvcache_cpu, on bf16: one block a token, 16-byte copies where kv_dim and row_stride are multiples
-// of 8 and k, v 16-byte aligned (one value at a time otherwise).
+// of 8 and k, v, k_cache and v_cache 16-byte aligned (one value at a time otherwise).
 void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16* v, int64_t row_stride,
                         const int32_t* slot_mapping, int num_tokens, int kv_dim, cudaStream_t stream);
 

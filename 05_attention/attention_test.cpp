@@ -772,6 +772,13 @@ TEST(Ch05_Versions, ShapesTheFastKernelsLackRunV0) {
   EXPECT_EQ(attention_version_for(decode, kAttentionVersionDefault, mqa8), kDefaultDecodeVersion);
   EXPECT_EQ(attention_version_for(prefill, kAttentionVersionDefault, mqa16), kDefaultPrefillVersion);
   EXPECT_EQ(attention_version_for(prefill, 1, mqa16), 1);
+  // v9-v11 copy 16-key tiles that must not cross a KV block: at a block of 8 tokens they would read the
+  // next physical block's keys. v5 and v12 handle a ragged block themselves; v1-v8 find every key's slot.
+  const AttentionShape blocks_of_8 = make_shape(16, 8, 128, 8);
+  for (int requested : {kAttentionVersionDefault, 9, 10, 11})
+    EXPECT_EQ(attention_version_for(decode, requested, blocks_of_8), 0) << "v" << requested;
+  EXPECT_EQ(attention_version_for(decode, 6, blocks_of_8), 6);
+  EXPECT_EQ(attention_version_for(prefill, kAttentionVersionDefault, blocks_of_8), kDefaultPrefillVersion);
 }
 
 TEST(Ch05_Versions, UnknownVersionsAndHeadDimsAreErrors) {
@@ -784,4 +791,9 @@ TEST(Ch05_Versions, UnknownVersionsAndHeadDimsAreErrors) {
   EXPECT_NE(test::error_of([&] { attention_version_for(AttentionPhase::Prefill, 0, make_shape(2, 1, 512, 16)); })
                 .find("head_dim 512"),
             std::string::npos);
+  // A group count of 0 divided by zero (SIGFPE); heads not a multiple of the KV heads gave a truncated group.
+  EXPECT_EQ(test::error_of([&] { attention_version_for(AttentionPhase::Decode, 0, make_shape(8, 0, 128, 16)); }),
+            "attention: 8 query heads do not make groups of 0 KV heads");
+  EXPECT_EQ(test::error_of([&] { attention_version_for(AttentionPhase::Decode, 0, make_shape(8, 3, 128, 16)); }),
+            "attention: 8 query heads do not make groups of 3 KV heads");
 }

@@ -47,11 +47,17 @@ int attention_version_for(AttentionPhase phase, int requested, const AttentionSh
   const int fallback = decode ? kDefaultDecodeVersion : kDefaultPrefillVersion;
   int version = requested == kAttentionVersionDefault ? fallback : requested;
   if (!(decode ? table[size_t(version)].decode : table[size_t(version)].prefill)) version = fallback;
+  if (shape.num_kv_heads < 1 || shape.num_heads < 1 || shape.num_heads % shape.num_kv_heads != 0)
+    fail("attention: ", shape.num_heads, " query heads do not make groups of ", shape.num_kv_heads, " KV heads");
+  if (shape.block_size < 1) fail("attention: a KV block of ", shape.block_size, " tokens");
   // v1-v12 are instantiated for head dims 64 and 128; their decode kernels hold the G query heads of a
-  // group as rows of one block, at most 8. Anything else runs on v0, which takes any shape.
+  // group as rows of one block, at most 8; v9-v11 copy 16-key tiles that must not cross a KV block, so
+  // their block size is a multiple of 16 (the engine's, EngineConfig::validate). Anything else runs on v0,
+  // which takes any shape.
   const int group = shape.num_heads / shape.num_kv_heads;
   const bool fast_shape = (shape.head_dim == 64 || shape.head_dim == 128) && (!decode || group <= 8);
-  return fast_shape ? version : 0;
+  const bool whole_tiles = !decode || version < 9 || shape.block_size % 16 == 0;
+  return fast_shape && whole_tiles ? version : 0;
 }
 
 }  // namespace nanovllm

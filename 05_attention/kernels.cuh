@@ -24,7 +24,7 @@ struct AttentionParams {
   int block_table_width;
   int num_heads, num_kv_heads, head_dim, block_size;
   float scale;       // softmax scale, head_dim^-0.5
-  float scale_log2;  // scale * log2(e): scores kept in base 2, so that exp is one exp2 instruction
+  float scale_log2;  // scale * log2(e): scores kept in base 2, so that exp is one exp2f call (softmax.cuh)
   // Prefill (varlen): sequence b has queries cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 and
   // cu_seqlens_k[b+1] - cu_seqlens_k[b] keys. (num_seqs + 1) each.
   const int32_t* cu_seqlens_q;

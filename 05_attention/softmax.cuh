@@ -7,7 +7,8 @@
 //   l_i  the sum of exp(s_j - m_i),
 //   O_i  the sum of exp(s_j - m_i) * v_j   (unnormalised: the output is O_i / l_i at the end).
 // A new score (or a block of them) with a larger maximum multiplies l_i and O_i by exp(m_old - m_new)
-// first. From v1 on, scores are kept in base 2 (s * scale * log2(e)), so each exp is one exp2.
+// first. From v1 on, scores are kept in base 2 (s * scale * log2(e)), so each exp is one exp2f call
+// (four instructions; one with exp2_ftz, v12).
 // Two states over disjoint sets of keys merge the same way: rescale both to the larger maximum and add.
 #pragma once
 

@@ -3,8 +3,9 @@
 //
 // Idea:     in v2 and v3 a warp loads, waits, computes, loads again: while it computes it has nothing in
 //           flight. Double-buffering in registers keeps one step of loads always outstanding.
-// Adds:     k_next/v_next, a second set of 2 x kKeysPerGroup 16-byte values per lane (32 more registers;
-//           ptxas counts 144 against v2's 96 at head_dim 128, group 2), and the swap at the end of each step.
+// Adds:     k_next/v_next, a second set of 2 x kKeysPerGroup 16-byte values per lane (32 registers of data;
+//           48 more in all by ptxas, 144 against v2's 96 at head_dim 128, group 2), and the swap at the end
+//           of each step.
 // Launch:   as v2 (grid (max_partitions, num_kv_heads, num_seqs), 128 threads, then the combine).
 // Measured: see NOTES.md: slower than v2 on the H200. The extra registers cost two blocks of five per SM,
 //           more warps in flight than the overlap gains; other warps were already hiding the latency.

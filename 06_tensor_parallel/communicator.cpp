@@ -36,8 +36,9 @@ void CpuCommunicator::all_reduce(int rank, float* x, int64_t n) {
   if (world_size_ == 1) return;
   published_[size_t(rank)] = x;
   barrier_.wait();  // every rank's partial result is published
-  std::vector<float> sum(size_t(n), 0.0f);
-  for (int r = 0; r < world_size_; r++) {
+  // In rank order from rank 0's value, as all_reduce_cpu (not from 0.0f: -0 + -0 stays -0).
+  std::vector<float> sum(published_[0], published_[0] + n);
+  for (int r = 1; r < world_size_; r++) {
     const float* peer = published_[size_t(r)];
     for (int64_t i = 0; i < n; i++) sum[size_t(i)] += peer[i];
   }

@@ -12,7 +12,8 @@
 //   merged gate/up    [gate rows of this rank; up rows of this rank]
 //   vocab parallel    embedding and LM head rows [rank*V/tp, ...): each rank embeds or scores only
 //                     its part of the vocabulary
-// Two all-reduces per layer in all (after o_proj and after down_proj).
+// Two all-reduces per layer (after o_proj and after down_proj), and one after the vocab-parallel embedding:
+// 57 for Qwen3-0.6B's 28 layers.
 //
 // The shard functions work on full host copies of checkpoint tensors (any element type) and return
 // this rank's packed weight, so that loading is the same code for any (rank, tp_size).
@@ -249,8 +250,8 @@ struct LinearWgmmaPlan {
 };
 // The plan for a shape on a GPU of `multiprocessors` SMs. Up to kWgmmaFasterRows rows: one warpgroup, 128
 // outputs a block when that still gives 16 tiles (64 otherwise), and the fewest splits (at most 8, each at
-// least two stages of 64 in_features deep) that give a block per SM. Above: 2 warpgroups up to 128 rows
-// and row tiles of one warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB
+// least two stages of 64 in_features deep) that give a block per SM. Above: ceil(n / 64) warpgroups up to
+// 128 rows (1 at 49-64 rows, 2 at 65-128) and row tiles of one warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB
 // block alone on its SM), 64 outputs a block up to 128 rows and 128 beyond, and the fewest splits (at most
 // 6) that give 96 blocks for a projection with at most kWgmmaNarrowOut outputs, 288 for a wider one: what
 // the sweeps of kWgmmaNarrowRows and kWgmmaSiluRows found fastest on the H200's 132 SMs (o_proj and

@@ -181,11 +181,8 @@ template <int MAX_N, LinearInput INPUT, bool ADD>
 void launch(bf16* y, const bf16* x, const bf16* W, const LinearFusion& f, int n, int in, int out,
             const LinearPrefetchPlan& plan, cudaStream_t stream) {
   auto* kernel = linear_prefetch_kernel<MAX_N, INPUT, ADD>;
-  static const bool sized = [&] {  // once per instance: allow the plan's largest shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
-    return true;
-  }();
-  (void)sized;
+  static PerDeviceOnce once;  // the plan's largest shared memory, allowed once per instance and device
+  allow_dynamic_shared_memory(once, reinterpret_cast<const void*>(kernel), kSmemMax);
   launch_overlapped(kernel, unsigned(plan.blocks), unsigned(plan.warps * 32), size_t(plan.smem_bytes), stream, y, x,
                     W, f.norm_weight, f.eps, n, in, out, plan.rows_per_warp);
 }

@@ -385,16 +385,12 @@ void with_block_shape(const LinearWgmmaPlan& plan, F&& f) {
   }
 }
 
-// Above 48 KB of shared memory a kernel must ask for it, once, before its first launch.
+// Above 48 KB of shared memory a kernel must ask for it, once on each device, before its first launch there.
 template <int BN, int WG, class OutT, bool SILU, bool PARTIALS = false>
 void allow_shared_memory() {
-  static const bool allowed = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<BN, WG, OutT, SILU, false, PARTIALS>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Block<BN, WG>::kSmemBytes));
-    return true;
-  }();
-  (void)allowed;
+  static PerDeviceOnce once;
+  allow_dynamic_shared_memory(once, reinterpret_cast<const void*>(linear_wgmma_kernel<BN, WG, OutT, SILU, false, PARTIALS>),
+                              Block<BN, WG>::kSmemBytes);
 }
 
 // How many clusters of plan.splits blocks of the plan's kernel the GPU runs at once, asked of the CUDA
@@ -489,12 +485,9 @@ template <int WG>
 void launch_sample(float* logits, const bf16* x, const bf16* W, int n, int in, int vocab, const TileSampling& sampling,
                    cudaStream_t stream) {
   using B = Block<128, WG, kSampleStages<WG>>;
-  static const bool allowed = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(linear_wgmma_kernel<128, WG, float, false, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, B::kSmemBytes));
-    return true;
-  }();
-  (void)allowed;
+  static PerDeviceOnce once;
+  allow_dynamic_shared_memory(once, reinterpret_cast<const void*>(linear_wgmma_kernel<128, WG, float, false, true>),
+                              B::kSmemBytes);
   const dim3 grid{1u, unsigned((vocab + 127) / 128), 1u};
   launch_overlapped(linear_wgmma_kernel<128, WG, float, false, true>, grid, dim3(B::kThreads), B::kSmemBytes, stream,
                     logits, tensor_map(x, n, in, B::kRows), tensor_map(W, vocab, in, 128), n, in, vocab,

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,22 @@ inline int multiprocessor_count(int device = -1) {
   int count = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   return count;
+}
+
+// A kernel that needs more than 48 KB of dynamic shared memory must opt in, once on each device: a function's
+// attributes belong to the device's context, and tensor-parallel ranks run on several GPUs, each from its own
+// thread. `once` is the call site's (a static, one for each kernel); the attribute is set on the first call on
+// each device, which the engine makes eagerly, before any CUDA graph is captured.
+struct PerDeviceOnce {
+  static constexpr int kMaxDevices = 64;
+  std::once_flag flags[kMaxDevices];
+};
+inline void allow_dynamic_shared_memory(PerDeviceOnce& once, const void* kernel, int bytes) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= PerDeviceOnce::kMaxDevices) fail("CUDA device ", device, ": more devices than the engine knows");
+  std::call_once(once.flags[device],
+                 [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); });
 }
 
 // Whether the current GPU is of compute capability 9.0, the only one sm_90a code (wgmma: 05_attention's v12,

@@ -30,7 +30,8 @@ struct ModelConfig {
   double rms_norm_eps = 0;
   double rope_theta = 0;             // RoPE base
   bool tie_word_embeddings = false;  // the LM head reuses embed_tokens.weight
-  std::string dtype;                 // "bfloat16", ...: informational (we use the checkpoint's dtypes)
+  std::string dtype;                 // "bfloat16", ...: informational (weights are read in their stored dtype and
+                                     // converted to the backend's: fp32 on the CPU, bf16 on the GPU)
   std::vector<int> eos_token_ids;    // generation stops at any of these; may be empty
   int bos_token_id = -1;             // -1 when absent
 
@@ -60,7 +61,8 @@ void write_config(const ModelConfig& config, const std::string& dir);
 //   model.norm.weight                                  [H]
 //   lm_head.weight                                     [V, H]   only when not tied
 // With tied embeddings lm_head.weight is not required, but a checkpoint may still hold it (some Qwen3
-// exports carry a copy of the embedding): loading must then accept it, and may ignore it.
+// exports carry a copy of the embedding): loading accepts it only if it is byte for byte
+// model.embed_tokens.weight, and then ignores it.
 std::vector<TensorSpec> qwen3_checkpoint_layout(const ModelConfig& config);
 
 // Total number of weights in the layout (0.6B for Qwen3-0.6B, counting the tied embedding once).
