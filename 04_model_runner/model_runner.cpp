@@ -20,11 +20,12 @@ namespace {
 constexpr size_t kGpuReserveBytes = size_t(256) << 20;
 
 // The block manager gives a sequence a block for every token it computes (chapter 03); a table one block
-// short would put a token's K/V in a slot read from past the table's end.
-void check_blocks_hold(const Sequence& seq, int end) {
-  if (int64_t(seq.block_table.size()) * seq.block_size < end)
+// short would put a token's K/V in a slot read from past the table's end. block_size: the runner's, which
+// the slots are computed with.
+void check_blocks_hold(const Sequence& seq, int end, int block_size) {
+  if (int64_t(seq.block_table.size()) * block_size < end)
     fail("internal: sequence ", seq.seq_id, " computes up to position ", end - 1, " but holds ",
-         counted(int64_t(seq.block_table.size()), "block"), " of ", seq.block_size, " tokens");
+         counted(int64_t(seq.block_table.size()), "block"), " of ", block_size, " tokens");
 }
 
 }  // namespace
@@ -223,8 +224,9 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
     // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
     // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
     // formula is exact, with a small reserve for what CUDA itself allocates later (and, with several ranks,
-    // the all-reduce's buffer, (max_tokens, hidden) bf16 a rank, allocated after: 32 MiB for Qwen3-0.6B). Ranks that share a
-    // GPU share its budget; every rank gets the same number of blocks (the smallest that fits).
+    // the all-reduce's buffer, (max_tokens, hidden) bf16 a rank, allocated after: 32 MiB for Qwen3-0.6B).
+    // Ranks that share a GPU share its budget; every rank gets the same number of blocks (the smallest that
+    // fits).
     num_blocks_ = -1;
     for (auto& r : ranks_) {
       r->backend->bind_to_thread();  // memory_info reports the current device: this rank's
@@ -323,7 +325,7 @@ StepInputs ModelRunner::prepare_prefill(const std::vector<Sequence*>& seqs) cons
     // This step computes tokens [start, end); attention covers keys [0, end) (nano-vllm #213: not the
     // whole sequence, when this is a chunk).
     const int start = seq->num_cached_tokens, end = start + seq->num_scheduled_tokens;
-    check_blocks_hold(*seq, end);
+    check_blocks_hold(*seq, end, block_size_);
     for (int pos = start; pos < end; pos++) {
       in.input_ids.push_back(seq->token_ids[pos]);
       in.positions.push_back(pos);
@@ -347,7 +349,7 @@ StepInputs ModelRunner::prepare_decode(const std::vector<Sequence*>& seqs) const
     // The last token was sampled but not yet computed: it is the input, at position len - 1, and its
     // K/V go to the last slot of the last block. It attends to all len tokens, itself included.
     const int pos = seq->num_tokens() - 1;
-    check_blocks_hold(*seq, pos + 1);
+    check_blocks_hold(*seq, pos + 1, block_size_);
     in.input_ids.push_back(seq->last_token);
     in.positions.push_back(pos);
     in.slot_mapping.push_back(seq->block_table[pos / block_size_] * block_size_ + pos % block_size_);
