@@ -190,17 +190,17 @@ class Backend {
   // out (n, inter) act = silu_and_mul(linear(x, weight)): the MLP's gate_up projection, weight (2 inter, in)
   // = [gate; up], and its activation. By default (the spec) the two operations, through gate_up (n, 2 inter)
   // act; a backend whose projection applies the activation itself (fuses_linear_silu(n)) writes out only.
-  virtual bool fuses_linear_silu(int64_t /*rows*/) const { return false; }
+  virtual bool fuses_linear_silu(int64_t /*num_rows*/) const { return false; }
   virtual void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) {
     linear(gate_up, x, weight);
     silu_and_mul(out, gate_up);
   }
   // The projections with the small operations around them, each in one kernel, where a backend can (the GPU
   // at batch 1 with linear version 7: 06_tensor_parallel/linear_prefetch.cu). The model calls the three
-  // below only when fuses_around_linear(rows) says yes, and only with one rank (with more, the all-reduce
+  // below only when fuses_around_linear(num_rows) says yes, and only with one rank (with more, the all-reduce
   // of a row-parallel projection sits between the product and the add). Each equals the operations in its
   // comment, one after another, with every intermediate rounded to act dtype as they would store it.
-  virtual bool fuses_around_linear(int64_t /*rows*/) const { return false; }
+  virtual bool fuses_around_linear(int64_t /*num_rows*/) const { return false; }
   // out (n, out_features) act = linear(rmsnorm(x) * norm_weight, weight); x (n, in_features) act.
   virtual void rmsnorm_linear(const Tensor& /*out*/, const Tensor& /*x*/, const Tensor& /*norm_weight*/, float /*eps*/,
                               const Tensor& /*weight*/) {
@@ -220,17 +220,18 @@ class Backend {
   // step scheduled before the last step's tokens reached the host reads them this way, from the sampler's
   // output on the device (ModelRunner::execute).
   virtual void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) = 0;
-  // tokens (m,) i32 from logits (m, vocab) F32 and settings (m,) SamplingRow (stored as U8 bytes).
-  virtual void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) = 0;
+  // tokens (m,) i32 from logits (m, vocab) F32 and sampling (m,) SamplingRow, each row's settings (stored as
+  // U8 bytes: ModelRunner's step tensors).
+  virtual void sample(const Tensor& tokens, const Tensor& logits, const Tensor& sampling) = 0;
   // The LM head and the sampler in one kernel, where a backend has one for this many rows (the GPU with
   // linear version 6 or more at 9-128 rows: 06_tensor_parallel's linear_sample_cuda): tokens (m,) i32 as
-  // sample(tokens, logits, rows) after linear(logits, x, weight) would give them from that kernel's own
-  // products, x (m, in) act, weight (vocab, in), rows (m,) SamplingRow. logits (m, vocab) F32 receives only
+  // sample(tokens, logits, sampling) after linear(logits, x, weight) would give them from that kernel's own
+  // products, x (m, in) act, weight (vocab, in), sampling (m,) SamplingRow. logits (m, vocab) F32 receives only
   // the rows that ask for top-k or top-p, or every row with all_logits. Only with one rank (with more, each
   // holds a shard of the vocabulary, gathered before sampling).
-  virtual bool fuses_linear_sample(int64_t /*rows*/) const { return false; }
+  virtual bool fuses_linear_sample(int64_t /*num_rows*/) const { return false; }
   virtual void linear_sample(const Tensor& /*tokens*/, const Tensor& /*logits*/, const Tensor& /*x*/,
-                             const Tensor& /*weight*/, const Tensor& /*rows*/, bool /*all_logits*/) {
+                             const Tensor& /*weight*/, const Tensor& /*sampling*/, bool /*all_logits*/) {
     fail("internal: linear_sample on a backend that does not fuse (see fuses_linear_sample)");
   }
 

@@ -81,9 +81,9 @@ class CpuBackend final : public Backend {
         std::memcpy(f32(out) + i * out.row_size(), f32(shard) + i * shard.row_size(), sizeof(float) * out.row_size());
     }
   }
-  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override {
+  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& sampling) override {
     sample_cpu(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),
-               rows.as<const SamplingRow>());
+               sampling.as<const SamplingRow>());
   }
 };
 

@@ -239,13 +239,13 @@ class CudaBackend final : public Backend {
     }
     Backend::linear_add_rmsnorm(out, residual, hidden, x, weight, norm_weight, eps);
   }
-  bool fuses_linear_silu(int64_t rows) const override { return linear_->fuses_silu(int(rows)); }
+  bool fuses_linear_silu(int64_t num_rows) const override { return linear_->fuses_silu(int(num_rows)); }
   void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override {
     if (linear_->run_silu(b16(out), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]), int(weight.shape[0])))
       return;
     Backend::linear_silu_and_mul(out, gate_up, x, weight);
   }
-  bool fuses_around_linear(int64_t rows) const override { return linear_->fuses(int(rows)); }
+  bool fuses_around_linear(int64_t num_rows) const override { return linear_->fuses(int(num_rows)); }
   void rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
                       const Tensor& weight) override {
     fused_linear(out, x, weight, LinearFusion{LinearInput::RmsNorm, b16(norm_weight), eps, false});
@@ -288,18 +288,18 @@ class CudaBackend final : public Backend {
   }
   void bind_to_thread() override { CUDA_CHECK(cudaSetDevice(device_id_)); }
 
-  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override {
+  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& sampling) override {
     sample_cuda(i32(tokens), f32(logits), int(tokens.numel()), int(logits.row_size()),
-                rows.as<const SamplingRow>(), stream_);
+                sampling.as<const SamplingRow>(), stream_);
   }
-  bool fuses_linear_sample(int64_t rows) const override { return linear_->fuses_sample(int(rows)); }
+  bool fuses_linear_sample(int64_t num_rows) const override { return linear_->fuses_sample(int(num_rows)); }
   void linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
-                     const Tensor& rows, bool all_logits) override {
+                     const Tensor& sampling, bool all_logits) override {
     assert(x.row_size() == weight.shape[1] && logits.row_size() == weight.shape[0] && x.rows() == tokens.numel());
     // (linear_sample_cuda refuses more than kWgmmaSampleMaxRows rows, the keys' size.)
     auto* keys = static_cast<unsigned long long*>(sample_keys_.data());
     linear_sample_cuda(i32(tokens), f32(logits), b16(x), b16(weight), int(x.rows()), int(weight.shape[1]),
-                       int(weight.shape[0]), rows.as<const SamplingRow>(), keys,
+                       int(weight.shape[0]), sampling.as<const SamplingRow>(), keys,
                        reinterpret_cast<int*>(keys + kWgmmaSampleMaxRows), all_logits, stream_);
   }
 

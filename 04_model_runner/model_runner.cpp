@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <climits>
 #include <numeric>
 #include <utility>
@@ -45,17 +46,40 @@ ModelRunner::ModelRunner(EngineConfig& config)
     : block_size_(config.kvcache_block_size),
       enforce_eager_(config.enforce_eager),
       checkpoint_(Checkpoint::open(config.model)) {
-  ModelConfig mc = ModelConfig::load(config.model);
-  const int tp_size = config.tensor_parallel_size;
-  const TensorParallelLayout tp = tensor_parallel_layout(mc, tp_size);  // refuses a bad split before loading
+  const ModelConfig mc = ModelConfig::load(config.model);
+  const TensorParallelLayout tp = tensor_parallel_layout(mc, config.tensor_parallel_size);  // a bad split refused before loading
+  const bool event_collectives = settle_config(config, mc);
 
+  // Every rank: its device (rank r on GPU r when there are enough GPUs, else ranks share them), its
+  // shard of the weights, its buffers. The KV cache comes last, sized from what is left.
+  const int devices = config.device == "cuda" ? cuda_device_count() : 0;
+  for (int r = 0; r < config.tensor_parallel_size; r++) {
+    ranks_.push_back(std::make_unique<Rank>());
+    ranks_.back()->rank = r;
+    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config);
+  }
+  allocate_kv_cache(config);
+  if (device() == Device::CUDA) warm_up_ranks(event_collectives);
+  if (ranks_.size() > 1) join_ranks(mc, event_collectives);
+  threads_ = std::make_unique<RankThreads>(int(ranks_.size()), [this] {
+    if (cpu_comm_) cpu_comm_->abort();
+#ifdef NANOVLLM_CUDA
+    if (cuda_comm_) cuda_comm_->abort();  // the stream-ordered collectives' ranks wait on the host too
+#endif
+  });
+  rank_steps_.assign(ranks_.size(), 0);
+  token_staging_ = Buffer(Device::CPU, 2 * size_t(max_seqs_) * sizeof(int32_t), device() == Device::CUDA);
+  if (ranks_[0]->backend->supports_graphs() && !enforce_eager_) capture_cuda_graphs();
+}
+
+bool ModelRunner::settle_config(EngineConfig& config, const ModelConfig& mc) {
   config.device = device_or_default(config.device);
   if (config.device == "cpu" && config.enforce_eager) log("note: --enforce-eager changes nothing on the CPU, which has no CUDA graphs");
   if (config.device == "cpu" && (config.attention_version >= 0 || config.linear_version != EngineConfig().linear_version))
     log("note: --attention-version and --linear-version choose CUDA kernels; the CPU runs its reference code");
   // The stream-ordered collectives wait for each other through CUDA events across the ranks' streams,
   // which no rank's own graph can capture: they run eagerly (06_tensor_parallel/all_reduce_events.cu).
-  const bool event_collectives = config.device == "cuda" && tp_size > 1 && config.collectives == "events";
+  const bool event_collectives = config.device == "cuda" && config.tensor_parallel_size > 1 && config.collectives == "events";
   if (event_collectives && !config.enforce_eager) {
     log("note: --collectives events runs eagerly: CUDA graphs off");
     config.enforce_eager = enforce_eager_ = true;
@@ -69,89 +93,76 @@ ModelRunner::ModelRunner(EngineConfig& config)
   max_seqs_ = config.max_num_seqs;
   max_tokens_ = std::max(config.max_num_batched_tokens, config.max_num_seqs);
   if (config.eos.empty()) config.eos.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+  return event_collectives;
+}
 
-  // Every rank: its device (rank r on GPU r when there are enough GPUs, else ranks share them), its
-  // shard of the weights, its buffers. The KV cache comes last, sized from what is left.
-  const int devices = config.device == "cuda" ? cuda_device_count() : 0;
-  for (int r = 0; r < tp_size; r++) {
-    ranks_.push_back(std::make_unique<Rank>());
-    ranks_.back()->rank = r;
-    load_rank(*ranks_.back(), mc, tp, config.device == "cuda" ? r % std::max(devices, 1) : -1, config);
-  }
-  allocate_kv_cache(config);
-  if (device() == Device::CUDA) {
-    // Before the ranks are joined, every rank on its own, collectives off: the prefill warm-up, and with
-    // several ranks each decode batch size once. The first call of a kernel or a GEMM shape may set things
-    // up on the device (module loading, cuBLAS's first use of an algorithm), and set-up that waits for the
-    // device must not happen while a peer spins in a collective waiting for this rank
-    // (06_tensor_parallel/all_reduce.h). The stream-ordered collectives never spin, so they need none of
-    // the decode runs (their capture below runs each batch size first).
-    for (auto& r : ranks_) {
-      r->backend->bind_to_thread();
-      warm_up_prefill(*r);
-      if (tp_size > 1 && !event_collectives) {
-        for (int bs : graph_sizes()) {
-          StepInputs in;
-          pad_decode(in, bs);
-          execute(*r, upload(*r, in, max_model_len_), bs);
-        }
-      }
-      r->backend->synchronize();  // this rank's set-up done before the next rank's, and before any collective
-    }
-  }
-  if (tp_size > 1) {
-    RankGroup group;
-    group.size = tp_size;
-    for (auto& r : ranks_) group.workspaces.push_back(static_cast<char*>(r->workspace.storage.data()));
-    if (device() == Device::CPU) {
-      cpu_comm_ = std::make_unique<CpuCommunicator>(tp_size);
-      group.cpu = cpu_comm_.get();
-    } else {
-#ifdef NANOVLLM_CUDA
-      std::vector<int> rank_devices;
-      for (auto& r : ranks_) rank_devices.push_back(r->backend->device_id());
-      // The largest tensor all-reduced: the residual stream of a full step, (max_tokens, hidden).
-      cuda_comm_ = std::make_unique<CudaCommunicator>(
-          rank_devices, int64_t(max_tokens_) * mc.hidden_size,
-          event_collectives ? CudaCommunicator::Collectives::kEvents : CudaCommunicator::Collectives::kSpin);
-      group.cuda = cuda_comm_.get();
-#endif
-    }
-    for (auto& r : ranks_) {
-      group.rank = r->rank;
-      r->backend->set_rank_group(group);
-    }
-  }
-  threads_ = std::make_unique<RankThreads>(tp_size, [this] {
-    if (cpu_comm_) cpu_comm_->abort();
-#ifdef NANOVLLM_CUDA
-    if (cuda_comm_) cuda_comm_->abort();  // the stream-ordered collectives' ranks wait on the host too
-#endif
-  });
-  rank_steps_.assign(size_t(tp_size), 0);
-  token_staging_ = Buffer(Device::CPU, 2 * size_t(max_seqs_) * sizeof(int32_t), device() == Device::CUDA);
-
-  if (ranks_[0]->backend->supports_graphs() && !enforce_eager_) {
-    // Every rank captures its own graphs on its own thread and stream, one batch size at a time, in
-    // lock step: the warm-up run before a capture executes the collectives, so the ranks run it
-    // together; and no rank starts the next warm-up (a kernel that spins until its peers join) while a
-    // peer may still be instantiating its graph, which can wait for the whole GPU when ranks share one.
-    for (int bs : graph_sizes()) {
-      threads_->run([&](int r) {  // returns when every rank is done: a barrier
-        Rank& rank = *ranks_[size_t(r)];
-        rank.backend->bind_to_thread();
-        StepInputs in;  // a batch of padding rows only
+void ModelRunner::warm_up_ranks(bool event_collectives) {
+  // Before the ranks are joined, every rank on its own, collectives off: the prefill warm-up, and with
+  // several ranks each decode batch size once. The first call of a kernel or a GEMM shape may set things
+  // up on the device (module loading, cuBLAS's first use of an algorithm), and set-up that waits for the
+  // device must not happen while a peer spins in a collective waiting for this rank
+  // (06_tensor_parallel/all_reduce.h). The stream-ordered collectives never spin, so they need none of
+  // the decode runs (their capture runs each batch size first).
+  for (auto& r : ranks_) {
+    r->backend->bind_to_thread();
+    warm_up_prefill(*r);
+    if (ranks_.size() > 1 && !event_collectives) {
+      for (int bs : graph_sizes()) {
+        StepInputs in;
         pad_decode(in, bs);
-        // The grid of the decode kernel must cover any context: size it for max_model_len.
-        execute(rank, upload(rank, in, max_model_len_), bs);
-        rank.backend->synchronize();
-      });
-      threads_->run([&](int r) {
-        Rank& rank = *ranks_[size_t(r)];
-        rank.backend->bind_to_thread();
-        capture_cuda_graph(rank, bs);
-      });
+        execute(*r, upload(*r, in, max_model_len_), bs);
+      }
     }
+    r->backend->synchronize();  // this rank's set-up done before the next rank's, and before any collective
+  }
+}
+
+void ModelRunner::join_ranks(const ModelConfig& mc, bool event_collectives) {
+  RankGroup group;
+  group.size = int(ranks_.size());
+  for (auto& r : ranks_) group.workspaces.push_back(static_cast<char*>(r->workspace.storage.data()));
+  if (device() == Device::CPU) {
+    cpu_comm_ = std::make_unique<CpuCommunicator>(group.size);
+    group.cpu = cpu_comm_.get();
+  } else {
+#ifdef NANOVLLM_CUDA
+    std::vector<int> rank_devices;
+    for (auto& r : ranks_) rank_devices.push_back(r->backend->device_id());
+    // The largest tensor all-reduced: the residual stream of a full step, (max_tokens, hidden).
+    cuda_comm_ = std::make_unique<CudaCommunicator>(
+        rank_devices, int64_t(max_tokens_) * mc.hidden_size,
+        event_collectives ? CudaCommunicator::Collectives::kEvents : CudaCommunicator::Collectives::kSpin);
+    group.cuda = cuda_comm_.get();
+#else
+    (void)mc, (void)event_collectives;
+#endif
+  }
+  for (auto& r : ranks_) {
+    group.rank = r->rank;
+    r->backend->set_rank_group(group);
+  }
+}
+
+void ModelRunner::capture_cuda_graphs() {
+  // Every rank captures its own graphs on its own thread and stream, one batch size at a time, in
+  // lock step: the warm-up run before a capture executes the collectives, so the ranks run it
+  // together; and no rank starts the next warm-up (a kernel that spins until its peers join) while a
+  // peer may still be instantiating its graph, which can wait for the whole GPU when ranks share one.
+  for (int bs : graph_sizes()) {
+    threads_->run([&](int r) {  // returns when every rank is done: a barrier
+      Rank& rank = *ranks_[size_t(r)];
+      rank.backend->bind_to_thread();
+      StepInputs in;  // a batch of padding rows only
+      pad_decode(in, bs);
+      // The grid of the decode kernel must cover any context: size it for max_model_len.
+      execute(rank, upload(rank, in, max_model_len_), bs);
+      rank.backend->synchronize();
+    });
+    threads_->run([&](int r) {
+      Rank& rank = *ranks_[size_t(r)];
+      rank.backend->bind_to_thread();
+      capture_cuda_graph(rank, bs);
+    });
   }
 }
 
@@ -199,6 +210,11 @@ void ModelRunner::wrap_backend(const std::function<std::unique_ptr<Backend>(std:
   }
 }
 
+int blocks_that_fit(double budget_bytes, size_t block_bytes) {
+  if (!(budget_bytes > 0)) return 0;
+  return int(std::min(std::floor(budget_bytes / double(block_bytes)), double(INT_MAX)));
+}
+
 void ModelRunner::allocate_kv_cache(EngineConfig& config) {
   const ModelConfig& mc = model_config();
   const HeadLayout heads = ranks_[0]->model->heads();
@@ -217,9 +233,7 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
     // through the GPU's formula, so --gpu-memory-utilization changes it too; but always room for one sequence
     // of max_model_len (--kv-cache-blocks, above, overrides it).
     const double budget = double(config.cpu_memory_mib) * (1 << 20) * config.gpu_memory_utilization - double(allocated_bytes());
-    // At most INT_MAX blocks (a budget of terabytes over tiny blocks gave more, and the int cast wrapped).
-    const double fit = std::min(budget / double(kv_block_bytes_), double(INT_MAX));
-    num_blocks_ = std::max(budget > 0 ? int(fit) : 0, block_table_width_);
+    num_blocks_ = std::max(blocks_that_fit(budget, kv_block_bytes_), block_table_width_);
   } else {
     // nano-vllm: total * utilization - used - (activation peak - current). Our activations are all
     // allocated already (weights, workspace, step inputs, scratch), so their peak is in `used`: the
@@ -236,7 +250,7 @@ void ModelRunner::allocate_kv_cache(EngineConfig& config) {
       r->backend->memory_info(&free_bytes, &total_bytes);
       const double budget = double(total_bytes) * config.gpu_memory_utilization - double(total_bytes - free_bytes) -
                             double(kGpuReserveBytes);
-      const int blocks = budget > 0 ? int(std::min(budget / double(rank_block_bytes * size_t(sharing)), double(INT_MAX))) : 0;
+      const int blocks = blocks_that_fit(budget, rank_block_bytes * size_t(sharing));
       if (blocks < 1)
         fail("no GPU memory left for the KV cache (", (total_bytes - free_bytes) >> 20, " MiB in use of ",
              total_bytes >> 20, " MiB; raise --gpu-memory-utilization or lower --max-num-batched-tokens / --max-num-seqs)");

@@ -53,6 +53,11 @@ struct StepInputs {
 constexpr int kMaxCudaHidden = 8192;
 void check_fits_cuda_kernels(const ModelConfig& mc, const TensorParallelLayout& tp, const std::string& source);
 
+// How many KV blocks of block_bytes a memory budget holds: 0 for a budget of 0 or less (or NaN), at most
+// INT_MAX, since block counts are ints (a budget of terabytes over blocks of a few KB is more, and the
+// cast wrapped to a small pool). allocate_kv_cache sizes the cache with it on the CPU and on the GPU.
+int blocks_that_fit(double budget_bytes, size_t block_bytes);
+
 class ModelRunner {
  public:
   // Loads config.model onto config.device, split over config.tensor_parallel_size ranks. Sets
@@ -149,6 +154,16 @@ class ModelRunner {
     std::vector<std::pair<int, int>> graphs;   // (batch size, graph id), ascending batch size
   };
 
+  // The constructor's steps, in its order. settle_config: the settings the model and the device decide
+  // (the constructor's contract lists them) into config and this runner; returns whether the ranks'
+  // collectives are the stream-ordered ones (--collectives events on several GPU ranks), which run eagerly.
+  bool settle_config(EngineConfig& config, const ModelConfig& mc);
+  // warm_up_ranks (GPU): each rank on its own, before join_ranks, runs what may set things up on its device.
+  void warm_up_ranks(bool event_collectives);
+  // join_ranks (tp > 1): one communicator for all ranks, handed to every rank's backend.
+  void join_ranks(const ModelConfig& mc, bool event_collectives);
+  // capture_cuda_graphs: every rank's graph of each graph_sizes() batch, the ranks in lock step.
+  void capture_cuda_graphs();
   StepTensors carve_step_tensors(Arena& arena) const;
   size_t allocated_bytes() const;  // weights, buffers and KV cache of every rank
   // device_id: the CUDA device of this rank, or -1 for the CPU (which ignores the kernel versions of config).

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -324,4 +326,16 @@ TEST(Ch04_ModelRunner, ABlockTableTooShortIsAnErrorNotAStrayRead) {
             "internal: sequence 0 computes up to position 19 but holds 1 block of 16 tokens");
   s.block_table = {3, 5};
   EXPECT_EQ(test::error_of([&] { runner.prepare_prefill({&s}); }), "");
+}
+
+TEST(Ch04_ModelRunner, BlocksThatFitClampAtIntMaxAndNeverGoNegative) {
+  // Known answers: whole blocks only; nothing for an empty, negative or NaN budget; a budget of 2^50 bytes over
+  // blocks of 1 KiB is 2^40 blocks, more than an int holds, which the cast wrapped (to a small pool).
+  EXPECT_EQ(blocks_that_fit(10 * 1024 + 1023, 1024), 10);
+  EXPECT_EQ(blocks_that_fit(1023, 1024), 0);
+  EXPECT_EQ(blocks_that_fit(0, 1024), 0);
+  EXPECT_EQ(blocks_that_fit(-5e9, 1024), 0);
+  EXPECT_EQ(blocks_that_fit(std::nan(""), 1024), 0);
+  EXPECT_EQ(blocks_that_fit(std::ldexp(1.0, 40), 1024), 1 << 30);
+  EXPECT_EQ(blocks_that_fit(std::ldexp(1.0, 50), 1024), INT_MAX);
 }

@@ -155,9 +155,9 @@ void ProfiledBackend::linear_add_rmsnorm(const Tensor& out, const Tensor& residu
         [&] { inner_->linear_add_rmsnorm(out, residual, hidden, x, weight, norm_weight, eps); });
 }
 void ProfiledBackend::linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
-                                    const Tensor& rows, bool all_logits) {
+                                    const Tensor& sampling, bool all_logits) {
   timed(linear_label("linear+sample ", x, weight),
-        [&] { inner_->linear_sample(tokens, logits, x, weight, rows, all_logits); });
+        [&] { inner_->linear_sample(tokens, logits, x, weight, sampling, all_logits); });
 }
 void ProfiledBackend::gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) {
   timed("gather_rows", [&] { inner_->gather_rows(out, x, rows); });
@@ -165,8 +165,8 @@ void ProfiledBackend::gather_rows(const Tensor& out, const Tensor& x, const Tens
 void ProfiledBackend::take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) {
   timed("take_sampled_tokens", [&] { inner_->take_sampled_tokens(ids, tokens, rows); });
 }
-void ProfiledBackend::sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) {
-  timed("sample", [&] { inner_->sample(tokens, logits, rows); });
+void ProfiledBackend::sample(const Tensor& tokens, const Tensor& logits, const Tensor& sampling) {
+  timed("sample", [&] { inner_->sample(tokens, logits, sampling); });
 }
 
 void ProfiledBackend::all_reduce(const Tensor& x) {

@@ -86,21 +86,21 @@ class ProfiledBackend final : public Backend {
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& meta, const AttentionShape& shape) override;
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;
-  bool fuses_linear_silu(int64_t rows) const override { return inner_->fuses_linear_silu(rows); }
+  bool fuses_linear_silu(int64_t num_rows) const override { return inner_->fuses_linear_silu(num_rows); }
   void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override;
-  bool fuses_around_linear(int64_t rows) const override { return inner_->fuses_around_linear(rows); }
+  bool fuses_around_linear(int64_t num_rows) const override { return inner_->fuses_around_linear(num_rows); }
   void rmsnorm_linear(const Tensor& out, const Tensor& x, const Tensor& norm_weight, float eps,
                       const Tensor& weight) override;
   void linear_add(const Tensor& residual, const Tensor& x, const Tensor& weight) override;
   void silu_linear_add(const Tensor& residual, const Tensor& gate_up, const Tensor& weight) override;
   void linear_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden, const Tensor& x,
                           const Tensor& weight, const Tensor& norm_weight, float eps) override;
-  bool fuses_linear_sample(int64_t rows) const override { return inner_->fuses_linear_sample(rows); }
+  bool fuses_linear_sample(int64_t num_rows) const override { return inner_->fuses_linear_sample(num_rows); }
   void linear_sample(const Tensor& tokens, const Tensor& logits, const Tensor& x, const Tensor& weight,
-                     const Tensor& rows, bool all_logits) override;
+                     const Tensor& sampling, bool all_logits) override;
   void gather_rows(const Tensor& out, const Tensor& x, const Tensor& rows) override;
   void take_sampled_tokens(const Tensor& ids, const Tensor& tokens, const Tensor& rows) override;
-  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& rows) override;
+  void sample(const Tensor& tokens, const Tensor& logits, const Tensor& sampling) override;
   void all_reduce(const Tensor& x) override;
   void gather(const Tensor& shard, const Tensor& out) override;
 

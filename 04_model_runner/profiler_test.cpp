@@ -64,7 +64,7 @@ class RecordingBackend final : public Backend {
   }
   void linear_add(const Tensor&, const Tensor&, const Tensor&) override { record("linear_add"); }
   void silu_linear_add(const Tensor&, const Tensor&, const Tensor&) override { record("silu_linear_add"); }
-  bool fuses_linear_sample(int64_t rows) const override { return rows <= 4; }
+  bool fuses_linear_sample(int64_t num_rows) const override { return num_rows <= 4; }
   void linear_sample(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool) override {
     record("linear_sample");
   }

@@ -204,105 +204,123 @@ AttentionShape Qwen3Model::attention_shape(int block_size) const {
           float(1.0 / std::sqrt(double(heads_.head_dim)))};
 }
 
-void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3Workspace& full_ws,
+Qwen3Model::StepRows Qwen3Model::step_rows(const Qwen3Workspace& ws, int64_t T, int B) {
+  StepRows r;
+  r.residual = ws.residual.slice_rows(0, T);
+  r.hidden = ws.hidden.slice_rows(0, T);
+  r.normed = ws.normed.slice_rows(0, T);
+  r.qkv = ws.qkv.slice_rows(0, T);
+  r.attn_out = ws.attn_out.slice_rows(0, T);
+  r.gate_up = ws.gate_up.slice_rows(0, T);
+  r.mlp_act = ws.mlp_act.slice_rows(0, T);
+  r.head_input = ws.last_hidden.slice_rows(0, B);
+  return r;
+}
+
+void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws,
                                 const std::vector<Tensor>& k_caches, const std::vector<Tensor>& v_caches) {
   const int64_t T = in.input_ids.numel();
-  const int B = in.attention.num_seqs;
-  const bool prefill = in.attention.is_prefill;
+  const StepRows rows = step_rows(ws, T, in.attention.num_seqs);
   const float eps = float(config_.rms_norm_eps);
-  // This step's rows of every activation buffer.
-  Tensor residual = full_ws.residual.slice_rows(0, T), hidden = full_ws.hidden.slice_rows(0, T),
-         normed = full_ws.normed.slice_rows(0, T), qkv = full_ws.qkv.slice_rows(0, T),
-         attn_out = full_ws.attn_out.slice_rows(0, T), gate_up = full_ws.gate_up.slice_rows(0, T),
-         mlp_act = full_ws.mlp_act.slice_rows(0, T);
-  // A prefill's output: the final hidden state of each sequence's last token, the LM head's input.
-  const Tensor head_input = full_ws.last_hidden.slice_rows(0, B);
-  const AttentionShape shape = attention_shape(int(k_caches[0].shape[1]));
 
   // Vocab-parallel embedding: each rank fills the rows of the ids in its shard, zeros elsewhere; the
   // all-reduce adds the shards up (nano-vllm's VocabParallelEmbedding).
-  b.embedding(residual, weights_.embed_tokens, in.input_ids, int(tp_rank_ * tp_.vocab_per_rank));
+  b.embedding(rows.residual, weights_.embed_tokens, in.input_ids, int(tp_rank_ * tp_.vocab_per_rank));
   const bool tp = tp_.tp_size > 1;  // with one rank there is nothing to add up
-  if (tp) b.all_reduce(residual);
-  // At batch 1 on the GPU (linear version 7) each projection takes in the small operations around it
-  // (Backend::fuses_around_linear): the norms and the SiLU run inside the projection after them, and the
-  // residual add inside the projection before it, so that one projection follows another. The same
-  // operations as below, in the same order.
+  if (tp) b.all_reduce(rows.residual);
   if (!tp && b.fuses_around_linear(T)) {
-    for (size_t l = 0; l < weights_.layers.size(); l++) {
-      const Qwen3Weights::Layer& w = weights_.layers[l];
-      b.rmsnorm_linear(qkv, residual, w.input_layernorm, eps, w.qkv_proj);
-      b.qk_norm_rope_store_attention(attn_out, qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin,
-                                     k_caches[l], v_caches[l], heads_, eps, in.attention, shape);
-      b.linear_add(residual, attn_out, w.o_proj);
-      b.rmsnorm_linear(gate_up, residual, w.post_attention_layernorm, eps, w.gate_up_proj);
-      b.silu_linear_add(residual, gate_up, w.down_proj);
-    }
-    b.rmsnorm(normed, residual, weights_.norm, eps);
-    if (prefill) b.gather_rows(head_input, normed, in.last_token_rows);
+    forward_fused_around_linear(b, in, ws, rows, k_caches, v_caches);
     return;
   }
-  // A projection and the norm after it (res += its output, then out = the norm of res): with one rank one
-  // call, Backend::linear_add_rmsnorm, which may hand the norm the projection's partial sums; with more, the
-  // all-reduce of the row-parallel projection sits between the two. hid: the projection's output, if written.
-  const auto project_add_norm = [&](const Tensor& out, const Tensor& res, const Tensor& hid, const Tensor& x,
-                                    const Tensor& weight, const Tensor& norm_weight) {
-    if (!tp) {
-      b.linear_add_rmsnorm(out, res, hid, x, weight, norm_weight, eps);
-      return;
-    }
-    b.linear(hid, x, weight);
-    b.all_reduce(hid);  // row parallel (nano-vllm's RowParallelLinear): o_proj saw its heads, down_proj its MLP columns
-    b.add_rmsnorm(out, res, hid, norm_weight, eps);
-  };
-  const size_t num_layers = weights_.layers.size();
-  // Attention block's norm. The first layer has no sublayer output to add; every later one's norm is taken
-  // by the down_proj before it (project_add_norm below).
-  if (num_layers > 0) b.rmsnorm(normed, residual, weights_.layers[0].input_layernorm, eps);
+  // The first layer's attention norm: there is no sublayer output to add yet. Every later norm is taken by
+  // the projection before it (project_add_norm).
+  b.rmsnorm(rows.normed, rows.residual, weights_.layers[0].input_layernorm, eps);
+  const size_t num_layers = weights_.layers.size();  // at least 1 (ModelConfig::load)
   for (size_t l = 0; l < num_layers; l++) {
-    const Qwen3Weights::Layer& w = weights_.layers[l];
     // The norm after the layer: the next layer's attention norm, after the last layer the model's final norm.
     const Tensor& next_norm = l + 1 < num_layers ? weights_.layers[l + 1].input_layernorm : weights_.norm;
-    b.linear_before_attention(qkv, normed, w.qkv_proj);
-    if (prefill && l + 1 == num_layers) {
-      // The last layer of a prefill. Every row's K and V go into the cache, since later steps attend to
-      // them; past that, a row's work feeds only its own row, and only each sequence's last row reaches the
-      // LM head. So those B rows alone go on (of a 1,000-token prompt, 1 row): their q attends to the whole
-      // prompt, as the last query row of the full prefill does, through the same prefill attention with
-      // one query row a sequence. Each row is computed as it would be among all T rows (the same
-      // operations; on the CPU the same bits: 04_model_runner/model_runner_test.cpp).
-      b.qk_norm_rope_store(qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin, k_caches[l], v_caches[l],
-                           in.attention.slot_mapping, heads_, eps);
-      // The step's buffers other than qkv and residual are free now: their first B rows hold the rest.
-      const Tensor last_qkv = full_ws.last_qkv.slice_rows(0, B), last_residual = normed.slice_rows(0, B),
-                   last_attn = attn_out.slice_rows(0, B), last_sublayer = hidden.slice_rows(0, B),
-                   last_gate_up = gate_up.slice_rows(0, B), last_act = mlp_act.slice_rows(0, B);
-      b.gather_rows(last_qkv, qkv, in.last_token_rows);
-      b.gather_rows(last_residual, residual, in.last_token_rows);
-      AttentionMetadata one_row_each = in.attention;
-      one_row_each.cu_seqlens_q = full_ws.one_row_each.slice_rows(0, B + 1);
-      one_row_each.max_seqlen_q = 1;
-      b.attention(last_attn, last_qkv, k_caches[l], v_caches[l], one_row_each, shape);
-      project_add_norm(head_input, last_residual, last_sublayer, last_attn, w.o_proj, w.post_attention_layernorm);
-      b.linear_silu_and_mul(last_act, last_gate_up, head_input, w.gate_up_proj);
-      project_add_norm(head_input, last_residual, last_sublayer, last_act, w.down_proj, next_norm);
-      return;
-    }
-    // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
-    // store before attend, so that attention reads this step's keys from the cache too; then attention.
-    // One call: the GPU does all of it in one kernel in decode (Backend::qk_norm_rope_store_attention).
-    b.qk_norm_rope_store_attention(attn_out, qkv, w.q_norm, w.k_norm, in.positions, full_ws.cos, full_ws.sin,
-                                   k_caches[l], v_caches[l], heads_, eps, in.attention, shape);
-    // o_proj, and the MLP block's norm.
-    project_add_norm(normed, residual, hidden, attn_out, w.o_proj, w.post_attention_layernorm);
-    b.linear_silu_and_mul(mlp_act, gate_up, normed, w.gate_up_proj);  // one kernel where the backend fuses them
-    // down_proj, and the norm after the layer.
-    project_add_norm(normed, residual, hidden, mlp_act, w.down_proj, next_norm);
+    if (in.attention.is_prefill && l + 1 == num_layers)
+      forward_last_layer_of_prefill(b, in, ws, rows, weights_.layers[l], next_norm, k_caches[l], v_caches[l]);
+    else
+      forward_layer(b, in, ws, rows, weights_.layers[l], next_norm, k_caches[l], v_caches[l]);
   }
-  if (num_layers == 0) {
-    b.rmsnorm(normed, residual, weights_.norm, eps);
-    if (prefill) b.gather_rows(head_input, normed, in.last_token_rows);
+}
+
+void Qwen3Model::forward_layer(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const StepRows& rows,
+                               const Qwen3Weights::Layer& w, const Tensor& next_norm, const Tensor& k_cache,
+                               const Tensor& v_cache) {
+  const float eps = float(config_.rms_norm_eps);
+  b.linear_before_attention(rows.qkv, rows.normed, w.qkv_proj);
+  // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
+  // store before attend, so that attention reads this step's keys from the cache too; then attention.
+  // One call: the GPU does all of it in one kernel in decode (Backend::qk_norm_rope_store_attention).
+  b.qk_norm_rope_store_attention(rows.attn_out, rows.qkv, w.q_norm, w.k_norm, in.positions, ws.cos, ws.sin, k_cache,
+                                 v_cache, heads_, eps, in.attention, attention_shape(int(k_cache.shape[1])));
+  // o_proj, and the MLP block's norm.
+  project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.attn_out, w.o_proj, w.post_attention_layernorm);
+  b.linear_silu_and_mul(rows.mlp_act, rows.gate_up, rows.normed, w.gate_up_proj);  // one kernel where the backend fuses them
+  // down_proj, and the norm after the layer.
+  project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.mlp_act, w.down_proj, next_norm);
+}
+
+void Qwen3Model::forward_last_layer_of_prefill(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws,
+                                               const StepRows& rows, const Qwen3Weights::Layer& w,
+                                               const Tensor& final_norm, const Tensor& k_cache,
+                                               const Tensor& v_cache) {
+  const int B = in.attention.num_seqs;
+  const float eps = float(config_.rms_norm_eps);
+  // Every row's K and V go into the cache, since later steps attend to them; past that, a row's work feeds
+  // only its own row, and only each sequence's last row reaches the LM head. So those B rows alone go on
+  // (of a 1,000-token prompt, 1 row): their q attends to the whole prompt, as the last query row of the full
+  // prefill does, through the same prefill attention with one query row a sequence. Each row is computed as
+  // it would be among all T rows (the same operations; on the CPU the same bits:
+  // 04_model_runner/model_runner_test.cpp).
+  b.linear_before_attention(rows.qkv, rows.normed, w.qkv_proj);
+  b.qk_norm_rope_store(rows.qkv, w.q_norm, w.k_norm, in.positions, ws.cos, ws.sin, k_cache, v_cache,
+                       in.attention.slot_mapping, heads_, eps);
+  // The step's buffers other than qkv and residual are free now: their first B rows hold the rest.
+  const Tensor last_qkv = ws.last_qkv.slice_rows(0, B), last_residual = rows.normed.slice_rows(0, B),
+               last_attn = rows.attn_out.slice_rows(0, B), last_sublayer = rows.hidden.slice_rows(0, B),
+               last_gate_up = rows.gate_up.slice_rows(0, B), last_act = rows.mlp_act.slice_rows(0, B);
+  b.gather_rows(last_qkv, rows.qkv, in.last_token_rows);
+  b.gather_rows(last_residual, rows.residual, in.last_token_rows);
+  AttentionMetadata one_row_each = in.attention;
+  one_row_each.cu_seqlens_q = ws.one_row_each.slice_rows(0, B + 1);
+  one_row_each.max_seqlen_q = 1;
+  b.attention(last_attn, last_qkv, k_cache, v_cache, one_row_each, attention_shape(int(k_cache.shape[1])));
+  project_add_norm(b, rows.head_input, last_residual, last_sublayer, last_attn, w.o_proj, w.post_attention_layernorm);
+  b.linear_silu_and_mul(last_act, last_gate_up, rows.head_input, w.gate_up_proj);
+  project_add_norm(b, rows.head_input, last_residual, last_sublayer, last_act, w.down_proj, final_norm);
+}
+
+void Qwen3Model::forward_fused_around_linear(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws,
+                                             const StepRows& rows, const std::vector<Tensor>& k_caches,
+                                             const std::vector<Tensor>& v_caches) {
+  const float eps = float(config_.rms_norm_eps);
+  for (size_t l = 0; l < weights_.layers.size(); l++) {
+    const Qwen3Weights::Layer& w = weights_.layers[l];
+    b.rmsnorm_linear(rows.qkv, rows.residual, w.input_layernorm, eps, w.qkv_proj);
+    b.qk_norm_rope_store_attention(rows.attn_out, rows.qkv, w.q_norm, w.k_norm, in.positions, ws.cos, ws.sin,
+                                   k_caches[l], v_caches[l], heads_, eps, in.attention,
+                                   attention_shape(int(k_caches[l].shape[1])));
+    b.linear_add(rows.residual, rows.attn_out, w.o_proj);
+    b.rmsnorm_linear(rows.gate_up, rows.residual, w.post_attention_layernorm, eps, w.gate_up_proj);
+    b.silu_linear_add(rows.residual, rows.gate_up, w.down_proj);
   }
+  b.rmsnorm(rows.normed, rows.residual, weights_.norm, eps);
+  if (in.attention.is_prefill) b.gather_rows(rows.head_input, rows.normed, in.last_token_rows);
+}
+
+void Qwen3Model::project_add_norm(Backend& b, const Tensor& out, const Tensor& res, const Tensor& hid, const Tensor& x,
+                                  const Tensor& weight, const Tensor& norm_weight) const {
+  const float eps = float(config_.rms_norm_eps);
+  if (tp_.tp_size == 1) {
+    b.linear_add_rmsnorm(out, res, hid, x, weight, norm_weight, eps);
+    return;
+  }
+  b.linear(hid, x, weight);
+  b.all_reduce(hid);  // row parallel (nano-vllm's RowParallelLinear): o_proj saw its heads, down_proj its MLP columns
+  b.add_rmsnorm(out, res, hid, norm_weight, eps);
 }
 
 void Qwen3Model::sample_in_lm_head(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const Tensor& tokens,

@@ -125,6 +125,41 @@ class Qwen3Model {
   int tp_rank_;
   HeadLayout heads_;  // this rank's heads
 
+  // This step's rows of the workspace: T rows of every activation (T the step's tokens), and the B rows
+  // (B sequences) of a prefill's output, the LM head's input.
+  struct StepRows {
+    Tensor residual, hidden, normed, qkv, attn_out, gate_up, mlp_act;  // (T, ...): Qwen3Workspace's shapes
+    Tensor head_input;                                                 // (B, H): ws.last_hidden's rows
+  };
+  static StepRows step_rows(const Qwen3Workspace& ws, int64_t T, int B);
+
+  // The parts of forward_hidden. Each layer starts from rows.normed = its attention norm of rows.residual,
+  // and leaves rows.normed = next_norm of the updated residual (the next layer's attention norm, or after
+  // the last layer the model's final norm).
+  //
+  // forward_layer: one decoder layer over all T rows.
+  void forward_layer(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const StepRows& rows,
+                     const Qwen3Weights::Layer& w, const Tensor& next_norm, const Tensor& k_cache,
+                     const Tensor& v_cache);
+  // A prefill's last layer: K/V of all T rows into the cache, the rest on each sequence's last row only,
+  // written to rows.head_input (B rows).
+  void forward_last_layer_of_prefill(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws,
+                                     const StepRows& rows, const Qwen3Weights::Layer& w, const Tensor& final_norm,
+                                     const Tensor& k_cache, const Tensor& v_cache);
+  // Every layer and the final norm, where the backend fuses the small operations into the projections
+  // (Backend::fuses_around_linear: the GPU at one row, linear version 7): each norm and the SiLU inside the
+  // projection after them, each residual add inside the projection before it, so that one projection
+  // follows another. The same operations as forward_layer, in the same order.
+  void forward_fused_around_linear(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws,
+                                   const StepRows& rows, const std::vector<Tensor>& k_caches,
+                                   const std::vector<Tensor>& v_caches);
+  // A projection and the norm after it: res += x W^T, then out = RMSNorm(res) * norm_weight; hid: the
+  // projection's output, if written. With one rank one call (Backend::linear_add_rmsnorm, which may hand the
+  // norm the projection's partial sums); with more, the all-reduce of the row-parallel projection sits
+  // between the two.
+  void project_add_norm(Backend& b, const Tensor& out, const Tensor& res, const Tensor& hid, const Tensor& x,
+                        const Tensor& weight, const Tensor& norm_weight) const;
+
   // The LM head's input, one row a sequence: ws.normed's rows (decode) or ws.last_hidden's (prefill), as
   // forward_hidden leaves them.
   static Tensor lm_head_rows(bool is_prefill, const Qwen3Workspace& ws, int num_seqs) {

@@ -4,7 +4,8 @@
 #   test       every test binary (GPU tests included), a summary line each
 #   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 04-07 (04's layer
 #              kernels, 06's collectives in their stream-ordered version only), and over tensor parallelism end to end
-#              on them (E2E_Gpu.TensorParallelWithStreamOrderedCollectives, `generate --collectives events`)
+#              on them (E2E_Gpu.TensorParallelWithStreamOrderedCollectives, `generate --collectives events`);
+#              SANITIZE_CHAPTERS (default "04 05 06 07") and SANITIZE_TP=0 (skip the end-to-end runs) narrow it
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
@@ -63,7 +64,7 @@ for phase in $phases; do
         [ $rc -eq 0 ] || status=1
         echo "$tool $name: exit $rc $(grep -m1 'ERROR SUMMARY' "$out/$tool-$name.log")"
       }
-      for c in 04 05 06 07; do
+      for c in ${SANITIZE_CHAPTERS:-04 05 06 07}; do
         filter="Ch${c}_*Cuda*"
         [ $c = 04 ] && filter="Ch04_LayersCuda.*"
         [ $c = 06 ] && filter="Ch06_*Cuda*:-Ch06_AllReduceCuda.*"
@@ -74,12 +75,14 @@ for phase in $phases; do
         [ $c = 06 ] && filter="$filter:Ch06_LinearCuda.PartialsOnlyWhereVersion8RunsThem"
         sanitize ch$c racecheck $B/test_ch$c --gtest_filter="$filter"
       done
-      for tool in memcheck racecheck; do
-        sanitize tp-events $tool $B/test_e2e --gtest_filter='E2E_Gpu.TensorParallelWithStreamOrderedCollectives'
-      done
-      sanitize generate-tp2-events memcheck $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
-        --device cuda --prompt-ids 1,2,3,4,5 --temperature 0 --max-tokens 8 --tensor-parallel-size 2 \
-        --collectives events --kv-cache-blocks 8 --max-num-seqs 8 ;;
+      if [ "${SANITIZE_TP:-1}" != 0 ]; then
+        for tool in memcheck racecheck; do
+          sanitize tp-events $tool $B/test_e2e --gtest_filter='E2E_Gpu.TensorParallelWithStreamOrderedCollectives'
+        done
+        sanitize generate-tp2-events memcheck $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
+          --device cuda --prompt-ids 1,2,3,4,5 --temperature 0 --max-tokens 8 --tensor-parallel-size 2 \
+          --collectives events --kv-cache-blocks 8 --max-num-seqs 8
+      fi ;;
     bench)
       $B/nanovllm bench --random qwen3-0.6b 2>&1 | tee "$out/bench.log" | grep -E "Total|TTFT|prefill steps|decode reads"
       $B/nanovllm bench --random qwen3-0.6b --profile > "$out/bench-profile.log" 2>&1
