@@ -189,6 +189,14 @@ TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   EXPECT_GE(queuing, 0.0);
   EXPECT_GE(waiting, 0.0);
   EXPECT_NEAR(bookkeeping + queuing + waiting, decode, 0.01) << r.out;
+  // The decode bandwidth is the bytes over the decode time, with enough digits to be nonzero on the CPU (a whole
+  // number printed 0 GB/s there).
+  double gb = -1, gbps = -1;
+  const size_t reads = r.out.find("decode reads >= ");
+  ASSERT_NE(reads, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + reads, "decode reads >= %lf GB (weights + KV): %lf GB/s", &gb, &gbps), 2) << r.out;
+  EXPECT_GT(gbps, 0.0) << r.out;
+  EXPECT_NEAR(gbps, gb / decode, 0.02 * gb / decode + 0.005) << r.out;  // gb is printed to 0.1 GB
   // The overlapped loop launched most decode steps ahead; --no-overlap none.
   long long ahead = -1, steps = -1;
   const size_t overlap = r.out.find("decode steps launched before");

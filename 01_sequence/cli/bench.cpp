@@ -234,8 +234,10 @@ int cmd_bench(const Flags& flags) {
   std::printf("prompt tokens %lld, prefill steps %lld (%.3f s); %lld decode steps (%.3f s, %.3f ms/step)\n",
               (long long)prompt_tokens, (long long)(s.prefill_steps - before.prefill_steps), prefill_seconds,
               (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
-  std::printf("decode reads >= %.1f GB (weights + KV): %.0f GB/s over the decode steps\n", decode_bytes / 1e9,
-              decode_bytes / 1e9 / decode_seconds);
+  // Whole GB/s on a GPU; on the CPU, well under 10 GB/s, two decimals (a whole number printed 0).
+  const double decode_gbps = decode_bytes / 1e9 / decode_seconds;
+  std::printf("decode reads >= %.1f GB (weights + KV): %.*f GB/s over the decode steps\n", decode_bytes / 1e9,
+              decode_gbps < 10 ? 2 : 0, decode_gbps);
   const double queue_seconds = s.decode_queue_seconds - before.decode_queue_seconds;
   const double wait_seconds = s.decode_wait_seconds - before.decode_wait_seconds;
   std::printf("decode steps on the host: %.3f s scheduling and bookkeeping, %.3f s preparing and queuing the "
