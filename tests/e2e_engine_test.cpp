@@ -4,10 +4,14 @@
 //  - the same greedy outputs, token for token, whatever the block size, batching, token budget (chunked
 //    prefill) and KV pool size (preemption), and with prompts sharing a prefix (prefix-cache hits);
 //  - seeded sampling is reproducible and does not depend on scheduling;
+//  - random workloads (prompt and output lengths at block edges, shared and repeated prompts, greedy and
+//    seeded requests) give the same tokens under tight pools, budgets and batch limits;
 //  - bad requests are refused with clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <random>
 
 #include "01_sequence/llm_engine.h"
 #include "02_scheduler/scheduler.h"
@@ -341,4 +345,73 @@ TEST(E2E_Engine, BadRequestsAreRefusedWithClearErrors) {
   p.temperature = -1;
   EXPECT_EQ(message({1}, p), "temperature must be >= 0 (0 = greedy), got -1");
   EXPECT_TRUE(engine.is_finished());  // nothing was queued
+}
+
+TEST(E2E_Engine, RandomWorkloadsGiveTheSameTokensUnderTightShapes) {
+  // Seeded random workloads on tiny-qwen3-b (vocab 1,000: its greedy tokens vary, so a wrong row shows):
+  // prompt lengths and max_tokens at block edges (15, 16, 17, 31, 32, 33), prompts sharing a prefix of one or
+  // two blocks or repeated whole, greedy requests and sampled ones with their own seeds, some stopping at EOS.
+  // The default engine is the reference; three tight shapes must give every request the same tokens.
+  std::mt19937 rng(2026);
+  const auto pick = [&](std::initializer_list<int> choices) {
+    return *(choices.begin() + std::uniform_int_distribution<size_t>(0, choices.size() - 1)(rng));
+  };
+  const auto token = [&] { return int32_t(std::uniform_int_distribution<int>(1, 999)(rng)); };
+  int64_t preemptions = 0, chunks = 0, hits = 0;
+  for (int workload = 0; workload < 8; workload++) {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> params;
+    int longest = 0;  // the most tokens one request holds: prompt + max_tokens - 1
+    const int n = pick({2, 3, 5, 8});
+    for (int i = 0; i < n; i++) {
+      std::vector<int32_t> p;
+      if (!prompts.empty() && rng() % 3 == 0) {  // a prefix of an earlier prompt, or all of it
+        const std::vector<int32_t>& earlier = prompts[rng() % prompts.size()];
+        const int shared = std::min(int(earlier.size()), pick({16, 32, int(earlier.size())}));
+        p.assign(earlier.begin(), earlier.begin() + shared);
+      }
+      const int more = pick({0, 1, 15, 16, 17, 31, 32, 33, int(1 + rng() % 120)});
+      for (int k = 0; k < more || p.empty(); k++) p.push_back(token());
+      SamplingParams sp = greedy(pick({1, 2, 15, 16, 17, int(1 + rng() % 24)}));
+      if (i % 2 == 1) {
+        sp.temperature = 1.0f;
+        sp.seed = rng();
+        sp.ignore_eos = rng() % 2 == 0;
+      }
+      longest = std::max(longest, int(p.size()) + sp.max_tokens - 1);
+      prompts.push_back(p);
+      params.push_back(sp);
+    }
+    const auto run = [&](const EngineConfig& c) {
+      LLMEngine engine(c);
+      auto got = completions(engine.generate(prompts, params));
+      preemptions += engine.scheduler().num_preemptions();
+      chunks += engine.scheduler().num_chunked_prefills();
+      hits += engine.scheduler().block_manager().total_hit_blocks();
+      return got;
+    };
+    const EngineConfig base = config_for("tiny-qwen3-b");
+    const std::vector<std::vector<int32_t>> reference = run(base);
+    EngineConfig tight = base;  // a pool one block over the longest request, and a budget of 17 tokens
+    tight.kvcache_block_size = 16;
+    tight.num_kvcache_blocks = ceil_div(longest, 16) + 1;
+    tight.max_num_batched_tokens = 17;
+    EngineConfig two_seqs = base;  // two sequences a step, the plain loop
+    two_seqs.kvcache_block_size = 32;
+    two_seqs.max_num_seqs = 2;
+    two_seqs.overlap_steps = false;
+    EngineConfig plain_tight = tight;  // the plain loop, a little more room
+    plain_tight.num_kvcache_blocks += 2;
+    plain_tight.max_num_batched_tokens = 40;
+    plain_tight.overlap_steps = false;
+    for (const EngineConfig* c : {&tight, &two_seqs, &plain_tight}) {
+      SCOPED_TRACE("workload " + std::to_string(workload) + ", block " + std::to_string(c->kvcache_block_size) +
+                   ", " + std::to_string(c->num_kvcache_blocks) + " blocks, budget " +
+                   std::to_string(c->max_num_batched_tokens) + ", max_num_seqs " + std::to_string(c->max_num_seqs));
+      EXPECT_EQ(run(*c), reference);
+    }
+  }
+  EXPECT_GT(preemptions, 0) << "no shape preempted: the test lost its point";
+  EXPECT_GT(chunks, 0) << "no shape chunked a prefill";
+  EXPECT_GT(hits, 0) << "no prompt hit the prefix cache";
 }
