@@ -357,7 +357,9 @@ TEST(E2E_Engine, RandomWorkloadsGiveTheSameTokensUnderTightShapes) {
     return *(choices.begin() + std::uniform_int_distribution<size_t>(0, choices.size() - 1)(rng));
   };
   const auto token = [&] { return int32_t(std::uniform_int_distribution<int>(1, 999)(rng)); };
-  int64_t preemptions = 0, chunks = 0, hits = 0;
+  int64_t preemptions = 0, chunks = 0, hits = 0, stopped_early = 0;
+  EngineConfig base = config_for("tiny-qwen3-b");
+  for (int32_t id = 7; id < 1000; id += 10) base.eos.push_back(id);  // 100 EOS ids: ~10% of random tokens stop
   for (int workload = 0; workload < 8; workload++) {
     std::vector<std::vector<int32_t>> prompts;
     std::vector<SamplingParams> params;
@@ -373,10 +375,10 @@ TEST(E2E_Engine, RandomWorkloadsGiveTheSameTokensUnderTightShapes) {
       const int more = pick({0, 1, 15, 16, 17, 31, 32, 33, int(1 + rng() % 120)});
       for (int k = 0; k < more || p.empty(); k++) p.push_back(token());
       SamplingParams sp = greedy(pick({1, 2, 15, 16, 17, int(1 + rng() % 24)}));
+      sp.ignore_eos = rng() % 2 == 0;
       if (i % 2 == 1) {
         sp.temperature = 1.0f;
         sp.seed = rng();
-        sp.ignore_eos = rng() % 2 == 0;
       }
       longest = std::max(longest, int(p.size()) + sp.max_tokens - 1);
       prompts.push_back(p);
@@ -390,8 +392,8 @@ TEST(E2E_Engine, RandomWorkloadsGiveTheSameTokensUnderTightShapes) {
       hits += engine.scheduler().block_manager().total_hit_blocks();
       return got;
     };
-    const EngineConfig base = config_for("tiny-qwen3-b");
     const std::vector<std::vector<int32_t>> reference = run(base);
+    for (size_t i = 0; i < prompts.size(); i++) stopped_early += int(reference[i].size()) < params[i].max_tokens;
     EngineConfig tight = base;  // a pool one block over the longest request, and a budget of 17 tokens
     tight.kvcache_block_size = 16;
     tight.num_kvcache_blocks = ceil_div(longest, 16) + 1;
@@ -414,4 +416,5 @@ TEST(E2E_Engine, RandomWorkloadsGiveTheSameTokensUnderTightShapes) {
   EXPECT_GT(preemptions, 0) << "no shape preempted: the test lost its point";
   EXPECT_GT(chunks, 0) << "no shape chunked a prefill";
   EXPECT_GT(hits, 0) << "no prompt hit the prefix cache";
+  EXPECT_GT(stopped_early, 0) << "no request stopped at an EOS";
 }
