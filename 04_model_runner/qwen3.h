@@ -133,9 +133,10 @@ class Qwen3Model {
   };
   static StepRows step_rows(const Qwen3Workspace& ws, int64_t T, int B);
 
-  // The parts of forward_hidden. Each layer starts from rows.normed = its attention norm of rows.residual,
-  // and leaves rows.normed = next_norm of the updated residual (the next layer's attention norm, or after
-  // the last layer the model's final norm).
+  // The parts of forward_hidden. forward_layer and forward_last_layer_of_prefill start from rows.normed =
+  // the layer's attention norm of rows.residual, and end with next_norm (the next layer's attention norm, or
+  // after the last layer the model's final norm) of the updated residual: in rows.normed, or for a prefill's
+  // last layer in rows.head_input.
   //
   // forward_layer: one decoder layer over all T rows.
   void forward_layer(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const StepRows& rows,
