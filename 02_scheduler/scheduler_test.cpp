@@ -290,20 +290,40 @@ TEST(Ch02_Scheduler, PreemptsTheNewestRunningSequenceAndRecomputes) {
 }
 
 TEST(Ch02_Scheduler, DecodePreemptsItselfWhenAlone) {
-  // Only one running sequence and no free block: it preempts itself, and the step decodes nothing for it.
+  // The last running sequence needs a block, the cache is full, and nothing is left behind it to preempt
+  // (the sequences ahead of it are already in this step's batch): it preempts itself, the step decodes the
+  // others, and it is recomputed later with the tokens it had.
   EngineConfig c = small_config(3, 16);
   Scheduler s(c);
-  Sequence a(0, tokens(32, 0), params(2), 0, 16), b(1, tokens(16, 300), params(2), 0, 16);
+  const SamplingParams pa = params(3), pb = params(2);
+  Sequence a(0, tokens(20, 0), pa, 0, 16), b(1, tokens(16, 300), pb, 0, 16);
   s.add(&a), s.add(&b);
   FakeModel m(3, 16);
-  auto [batch, is_prefill] = s.schedule();  // both fit: a 2 blocks, b 1 block
+  auto [batch, is_prefill] = s.schedule();  // a 2 blocks, b 1: all 3
   ASSERT_EQ(batch.size(), 2u);
-  s.postprocess(batch, m.run(batch, true), true);
-  std::tie(batch, is_prefill) = s.schedule();  // a (33 tokens) needs a block: preempt b; b (17) then needs one too
+  s.postprocess(batch, m.run(batch, true), true);  // a: 21 tokens, room in its 2nd block; b: 17, needs a 2nd
+  std::tie(batch, is_prefill) = s.schedule();
   EXPECT_FALSE(is_prefill);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0], &a);
+  EXPECT_EQ(s.num_preemptions(), 1);
+  ASSERT_FALSE(s.waiting().empty());
   EXPECT_EQ(s.waiting().front(), &b);
+  EXPECT_EQ(b.status, SequenceStatus::WAITING);
+  EXPECT_TRUE(b.block_table.empty());
+  EXPECT_EQ(b.num_cached_tokens, 0);
+  EXPECT_EQ(b.num_tokens(), 17);  // its sampled token kept
+  EXPECT_EQ(s.block_manager().num_free_blocks(), 1);
+  s.postprocess(batch, m.run(batch, false), false);
+  for (int steps = 0; !s.is_finished() && steps < 100; steps++) {
+    std::tie(batch, is_prefill) = s.schedule();
+    ASSERT_FALSE(batch.empty());
+    s.postprocess(batch, m.run(batch, is_prefill), is_prefill);
+  }
+  ASSERT_TRUE(s.is_finished());
+  EXPECT_EQ(a.completion_token_ids(), reference_output(tokens(20, 0), pa, 7));
+  EXPECT_EQ(b.completion_token_ids(), reference_output(tokens(16, 300), pb, 7));
+  EXPECT_EQ(s.block_manager().num_free_blocks(), 3) << "blocks leaked";
 }
 
 TEST(Ch02_Scheduler, FullPrefixHitStillComputesTheLastBlock) {

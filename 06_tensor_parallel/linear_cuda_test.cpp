@@ -672,9 +672,9 @@ TEST(Ch06_LinearCuda, CaptureNeverTimesAndReplaysTheChosenAlgorithm) {
   CudaContext ctx;
   CudaLinear linear(ctx.cublas, ctx.stream, ctx.workspace.ptr, ctx.workspace.n, /*version=*/3);
   // A shape of its own (no other test chooses for it): warmed up eagerly at n = 48 (v3 chooses), then
-  // captured at n = 48 (the choice), n = 80 (new in capture: v1) and n = 4 (v2).
+  // captured at n = 48 (the choice), n = 80 (new in capture: v1) and n = 1 (v2, kGemvFasterRows).
   const int in = 512, out = 768;
-  const std::vector<int> rows = {48, 80, 4};
+  const std::vector<int> rows = {48, 80, kGemvFasterRows};
   std::vector<std::vector<float>> want;
   std::vector<std::unique_ptr<DeviceArray<bf16>>> xs, ys;
   DeviceArray<bf16> d_w(to_bf16(random_bf16_values(size_t(out) * in, rng, 1.0f / std::sqrt(float(in)))));
