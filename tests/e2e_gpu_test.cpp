@@ -443,7 +443,8 @@ TEST(E2E_Gpu, TensorParallelRanksMatchTheGoldenLogitsAndOneRanksTokens) {
 // The same with the stream-ordered collectives (EngineConfig::collectives "events", the command line's
 // --collectives events; 06_tensor_parallel/all_reduce_events.cu): 2 and 4 ranks on one GPU. CUDA graphs
 // are asked for and turned off, since these collectives run eagerly only. tests/gpu_check.sh runs this
-// test under compute-sanitizer, which runs one kernel at a time: the spinning collectives cannot run there.
+// test under compute-sanitizer's memcheck, which runs one kernel at a time: the spinning collectives cannot
+// run there (its racecheck run is `generate --linear-version 1` on the same collectives; the script says why).
 TEST(E2E_Gpu, TensorParallelWithStreamOrderedCollectives) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Golden g = load("tiny-qwen3-a");
