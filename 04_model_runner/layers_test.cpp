@@ -26,6 +26,21 @@ TEST(Ch04_Layers, RmsNormKnownAnswer) {
   EXPECT_NEAR(out2[1], out[1], 1e-6);
 }
 
+TEST(Ch04_Layers, RmsNormEpsilonIsInsideTheRoot) {
+  // Small activations, where eps matters: x = (3e-3, 4e-3), mean(x^2) = 1.25e-5, and eps = 1.25e-5 makes
+  // sqrt(mean + eps) = 5e-3 exactly, so out = x / 5e-3 * w = (0.6, 1.6). With eps outside the root,
+  // x / (sqrt(mean) + eps), it would be (0.85, 2.25).
+  const float x[2] = {3e-3f, 4e-3f}, w[2] = {1, 2};
+  float out[2];
+  rmsnorm_cpu(out, x, w, 1, 2, 1.25e-5f);
+  EXPECT_NEAR(out[0], 0.6, 1e-5);
+  EXPECT_NEAR(out[1], 1.6, 1e-5);
+  float residual[2] = {0, 0}, out2[2];
+  add_rmsnorm_cpu(out2, residual, x, w, 1, 2, 1.25e-5f);
+  EXPECT_NEAR(out2[0], 0.6, 1e-5);
+  EXPECT_NEAR(out2[1], 1.6, 1e-5);
+}
+
 TEST(Ch04_Layers, RopeTableIsHuggingFaceFormula) {
   std::vector<float> cos, sin;
   build_rope_table(cos, sin, 5, 8, 10000.0);  // half = 4, inv_freq[j] = 10000^(-2j/8)
@@ -56,6 +71,24 @@ TEST(Ch04_Layers, QkNormRopeRotatesHalvesNotPairs) {
   EXPECT_NEAR(qkv[D + 1], 2 * std::cos(0.3), 1e-5);
   EXPECT_NEAR(qkv[D + 3], 2 * std::sin(0.3), 1e-5);
   for (int i = 0; i < D; i++) EXPECT_EQ(qkv[2 * D + i], 7);  // v untouched
+}
+
+TEST(Ch04_Layers, QkNormWeighsQHeadsWithQNormAndKHeadsWithKNorm) {
+  // Two q heads and two k heads of dim 4 at position 0 (no rotation), q_norm 1 and k_norm 3: every head
+  // (x, 0, 0, 0) normalises to (2, 0, 0, 0), then takes its own weight: 2 for the q heads, 6 for the k
+  // heads, the first k head included.
+  const int D = 4, heads = 2, kv_heads = 2, stride = (heads + 2 * kv_heads) * D;
+  std::vector<float> cos, sin;
+  build_rope_table(cos, sin, 8, D, 100.0);
+  const float q_norm[D] = {1, 1, 1, 1}, k_norm[D] = {3, 3, 3, 3};
+  float qkv[stride] = {};
+  for (int h = 0; h < heads + kv_heads; h++) qkv[h * D] = float(h + 1);
+  const int32_t position = 0;
+  qk_norm_rope_cpu(qkv, stride, q_norm, k_norm, &position, cos.data(), sin.data(), 1, heads, kv_heads, D, 0.0f);
+  for (int h = 0; h < heads + kv_heads; h++) {
+    EXPECT_NEAR(qkv[h * D], h < heads ? 2.0f : 6.0f, 1e-5) << "head " << h;
+    for (int d = 1; d < D; d++) EXPECT_EQ(qkv[h * D + d], 0.0f) << "head " << h << " dim " << d;
+  }
 }
 
 TEST(Ch04_Layers, QkNormRopeStoreWritesEachTokensSlotAndSkipsPadding) {

@@ -180,6 +180,44 @@ TEST(Ch07_TopKTopP, SameTokenAsSampleRowCpu) {
   }
 }
 
+TEST(Ch07_TopKTopP, TiedScoresGoToTheFirstCandidateScanned) {
+  // Gumbel-max compares scores logit / T + noise in float, and an exact tie is rare but reachable: token
+  // 0's logit is chosen (at T = 1, seed 7, step 3) so that its score equals token 1's bit for bit. The
+  // first candidate scanned keeps a tie: a row without top-k or top-p scans ids in order (the lower id
+  // wins); a filtered row scans its candidates most likely first (the larger logit wins), which is the
+  // kernel's rule too (the larger logit, then the lower id).
+  const uint64_t seed = 7, step = 3;
+  const float g0 = gumbel_noise(seed, step, 0), g1 = gumbel_noise(seed, step, 1);
+  const float target = 1.0f + g1;
+  float a = target - g0;
+  for (int i = 0; i < 64 && a + g0 != target; i++)  // the floats around it, until the sum rounds to target
+    a = std::nextafter(a, a + g0 < target ? INFINITY : -INFINITY);
+  ASSERT_EQ(a + g0, target) << "no exact tie near " << a;
+  ASSERT_LT(a, 1.0f) << "token 1 must be the more likely, for the filtered row's order";
+  const std::vector<float> logits = {a, 1.0f, -100.0f};
+  SamplingRow row{1.0f, 0, 1.0f, seed, step};
+  EXPECT_EQ(sample_row_cpu(logits.data(), 3, row), 0) << "unfiltered: ids in order, the lower wins";
+  row.top_k = 2;
+  EXPECT_EQ(sample_row_cpu(logits.data(), 3, row), 1) << "filtered: most likely first, the larger logit wins";
+  EXPECT_EQ(sample_row_top_k_top_p_cpu(logits.data(), 3, row), 1) << "the kernel's algorithm";
+}
+
+TEST(Ch07_TopKTopP, TopPReachedExactlyKeepsNoMore) {
+  // Two equal logits: the first candidate (the lower id) has probability exactly 0.5, so top_p 0.5 is
+  // reached by it alone and the other is never drawn; just above 0.5 both are kept.
+  const std::vector<float> logits = {0.0f, 0.0f};
+  SamplingRow row{1.0f, 0, 0.5f, 11, 0};
+  int ones = 0;
+  for (row.step = 0; row.step < 1000; row.step++) {
+    ASSERT_EQ(sample_row_cpu(logits.data(), 2, row), 0) << "step " << row.step;
+    ASSERT_EQ(sample_row_top_k_top_p_cpu(logits.data(), 2, row), 0) << "step " << row.step;
+  }
+  row.top_p = 0.51f;
+  for (row.step = 0; row.step < 1000; row.step++) ones += sample_row_cpu(logits.data(), 2, row);
+  EXPECT_GT(ones, 400);
+  EXPECT_LT(ones, 600);
+}
+
 TEST(Ch07_TopKTopP, BoundaryTiesKeepTheLowestIds) {
   // Three logits at 1, the other 997 at 0. top_k 10: the three, and ids 0..6 of the zeros.
   std::vector<float> logits(1000, 0.0f);
