@@ -519,6 +519,140 @@ TEST(Ch02_Scheduler, ScheduleAheadWaitsForWhatItCannotKnow) {
   EXPECT_TRUE(scheduler.schedule_ahead(decode).empty()) << "a request waits";
 }
 
+// The tests below pin down decisions that change no output, only when work happens (the overlap, the
+// queues' order): a mutation run found each of them unchecked, since the outputs were the same either way.
+
+TEST(Ch02_Scheduler, DecodeKeepsTheRunningOrderUnderMaxNumSeqs) {
+  // With max_num_seqs 2 and three sequences running, decode takes the first two of the running queue and
+  // puts them back in front, so the next decode step takes the same two (nano-vllm: extendleft of the
+  // reversed batch).
+  EngineConfig c = small_config(100, 16, 16384, /*max_seqs=*/2);
+  Scheduler s(c);
+  Sequence a(0, tokens(20, 0), params(10), 0, 16), b(1, tokens(20, 100), params(10), 0, 16),
+      cc(2, tokens(20, 200), params(10), 0, 16);
+  s.add(&a), s.add(&b), s.add(&cc);
+  auto [batch, is_prefill] = s.schedule();  // a and b
+  s.postprocess(batch, {11, 12}, true);
+  std::tie(batch, is_prefill) = s.schedule();  // c
+  s.postprocess(batch, {13}, true);
+  for (int step = 0; step < 2; step++) {
+    std::tie(batch, is_prefill) = s.schedule();
+    ASSERT_FALSE(is_prefill);
+    EXPECT_EQ(batch, (std::vector<Sequence*>{&a, &b})) << "decode step " << step;
+    s.postprocess(batch, {21, 22}, false);
+  }
+}
+
+TEST(Ch02_Scheduler, PreemptedSequenceGoesAheadOfWaitingRequests) {
+  // a (32 tokens) and b (20) fill 4 blocks of 16; w arrives and cannot be allocated. a's 34th token needs
+  // a block: b is preempted, and goes to the front of the waiting queue, ahead of w, which came later but
+  // never ran.
+  EngineConfig c = small_config(4, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(32, 0), params(5), 0, 16), b(1, tokens(20, 300), params(5), 0, 16),
+      w(2, tokens(20, 600), params(5), 0, 16);
+  s.add(&a), s.add(&b);
+  auto [batch, is_prefill] = s.schedule();
+  ASSERT_EQ(batch.size(), 2u);
+  s.postprocess(batch, {11, 12}, true);
+  s.add(&w);
+  std::tie(batch, is_prefill) = s.schedule();
+  ASSERT_FALSE(is_prefill);
+  ASSERT_EQ(batch, std::vector<Sequence*>{&a});
+  ASSERT_EQ(s.waiting().size(), 2u);
+  EXPECT_EQ(s.waiting().front(), &b);
+  EXPECT_EQ(s.waiting().back(), &w);
+}
+
+TEST(Ch02_Scheduler, ScheduleAheadTakesExactlyMaxNumSeqs) {
+  // max_num_seqs sequences running is the whole queue, not more than a step takes: both go ahead.
+  EngineConfig c = small_config(10, 16, 16384, /*max_seqs=*/2);
+  Scheduler s(c);
+  Sequence a(0, tokens(20, 0), params(10), 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
+  s.add(&a), s.add(&b);
+  auto [batch, is_prefill] = s.schedule();
+  s.postprocess(batch, {11, 12}, true);
+  std::tie(batch, is_prefill) = s.schedule();
+  ASSERT_FALSE(is_prefill);
+  EXPECT_EQ(s.schedule_ahead(batch), (std::vector<Sequence*>{&a, &b}));
+}
+
+TEST(Ch02_Scheduler, ScheduleAheadLeavesASequenceAtItsLastToken) {
+  // max_tokens 2: after the prefill's token, the decode step's token is the last, so nothing goes ahead.
+  EngineConfig c = small_config(10, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(20, 0), params(2), 0, 16);
+  s.add(&a);
+  auto [batch, is_prefill] = s.schedule();
+  s.postprocess(batch, {11}, true);
+  std::tie(batch, is_prefill) = s.schedule();
+  ASSERT_FALSE(is_prefill);
+  EXPECT_TRUE(s.schedule_ahead(batch).empty());
+  EXPECT_EQ(a.num_tokens(), 21);  // untouched
+}
+
+TEST(Ch02_Scheduler, ScheduleAheadOnAFullCacheWhenNoBlockIsNeeded) {
+  // Two blocks, both a's (20 tokens, then 21 and 22): its next token still fits its second block.
+  EngineConfig c = small_config(2, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(20, 0), params(10), 0, 16);
+  s.add(&a);
+  auto [batch, is_prefill] = s.schedule();
+  s.postprocess(batch, {11}, true);
+  std::tie(batch, is_prefill) = s.schedule();
+  ASSERT_FALSE(is_prefill);
+  ASSERT_EQ(s.block_manager().num_free_blocks(), 0);
+  EXPECT_EQ(s.schedule_ahead(batch), std::vector<Sequence*>{&a});
+}
+
+TEST(Ch02_Scheduler, ScheduleAheadCountsNoBlockForAFinishingSequence) {
+  // Three blocks, all used: a (15 tokens, max_tokens 2) would need a block for its 17th token, but its
+  // token of this step is its last, so it never will; b (20 tokens) needs none. b goes ahead alone.
+  EngineConfig c = small_config(3, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(15, 0), params(2), 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
+  s.add(&a), s.add(&b);
+  auto [batch, is_prefill] = s.schedule();
+  ASSERT_EQ(batch.size(), 2u);
+  s.postprocess(batch, {11, 12}, true);
+  std::tie(batch, is_prefill) = s.schedule();
+  ASSERT_FALSE(is_prefill);
+  ASSERT_EQ(batch.size(), 2u);
+  ASSERT_EQ(s.block_manager().num_free_blocks(), 0);
+  EXPECT_EQ(s.schedule_ahead(batch), std::vector<Sequence*>{&b});
+}
+
+TEST(Ch02_Scheduler, ASequenceRetiredAheadLeavesTheOthersGoingOn) {
+  // a stops at EOS (7) in finish_ahead, while step n + 1, launched, still holds its placeholder row. Then:
+  // schedule_ahead(step n + 1) still takes b (the one sequence left running); and when b's token of that
+  // step is its last, postprocess drops a's row instead of appending to a finished sequence.
+  for (int b_max_tokens : {10, 3}) {
+    SCOPED_TRACE("b's max_tokens " + std::to_string(b_max_tokens));
+    EngineConfig c = small_config(10, 16);
+    Scheduler s(c);
+    Sequence a(0, tokens(20, 0), params(10, /*ignore_eos=*/false), 0, 16),
+        b(1, tokens(20, 100), params(b_max_tokens), 0, 16);
+    s.add(&a), s.add(&b);
+    auto [batch, is_prefill] = s.schedule();
+    s.postprocess(batch, {11, 12}, true);
+    std::tie(batch, is_prefill) = s.schedule();
+    ASSERT_FALSE(is_prefill);
+    const std::vector<Sequence*> next = s.schedule_ahead(batch);
+    ASSERT_EQ(next.size(), 2u);
+    s.finish_ahead(batch, {7, 13});
+    ASSERT_TRUE(a.is_finished());
+    if (b_max_tokens == 10) {
+      EXPECT_EQ(s.schedule_ahead(next), std::vector<Sequence*>{&b});
+      continue;
+    }
+    ASSERT_TRUE(s.schedule_ahead(next).empty());  // b's token of step n + 1 is its last
+    s.postprocess(next, {14, 15}, false);
+    EXPECT_EQ(a.completion_token_ids(), (std::vector<int32_t>{11, 7}));
+    EXPECT_EQ(b.completion_token_ids(), (std::vector<int32_t>{12, 13, 15}));
+    EXPECT_TRUE(s.is_finished());
+  }
+}
+
 TEST(Ch02_Scheduler, PrefillScheduledAheadOnlyWhereNoFinishCanFreeBlocks) {
   // A prefill is launched ahead only when schedule() would choose it the same without step n's tokens: a
   // request waits whose blocks are free, and no sequence whose prompt step n completes can finish at that

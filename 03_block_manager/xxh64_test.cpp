@@ -1,7 +1,7 @@
 // XXH64 against the reference xxhash library's answers (tests/data/golden/xxh64_public.json), computed
 // three ways: one shot, streamed in random pieces, streamed one byte at a time. The lengths in the file
 // (0, 3, 4, 7, 8, 15, 31, 33, 63, 64, 100, 255, 1024) reach every tail branch: bytes, the 4-byte step,
-// the 8-byte steps, and whole 32-byte stripes.
+// the 8-byte steps, and whole 32-byte stripes; ExactlyOneStripe adds 32, one stripe and no tail.
 #include "03_block_manager/xxh64.h"
 
 #include <gtest/gtest.h>
@@ -29,6 +29,18 @@ TEST(Ch03_Xxh64, SpecVectors) {
   // The two values the xxHash documentation itself quotes.
   EXPECT_EQ(xxh64("", 0, 0), 0xef46db3751d8e999ull);
   EXPECT_EQ(xxh64("a", 1, 0), 0xd24ec4f1a98c6e5bull);
+}
+
+TEST(Ch03_Xxh64, ExactlyOneStripe) {
+  // 32 bytes, one whole stripe and no tail: the first length that takes the four accumulators, which the
+  // golden file's 31 and 33 straddle. Bytes 0..31, seed 0, as `xxhsum -H1` (the reference xxHash) gives it.
+  uint8_t bytes[32];
+  for (int i = 0; i < 32; i++) bytes[i] = uint8_t(i);
+  EXPECT_EQ(xxh64(bytes, 32, 0), 0xcbf59c5116ff32b4ull);
+  Xxh64 streamed(0);
+  streamed.update(bytes, 20);
+  streamed.update(bytes + 20, 12);
+  EXPECT_EQ(streamed.digest(), 0xcbf59c5116ff32b4ull);
 }
 
 TEST(Ch03_Xxh64, GoldenVectorsOneShotAndStreaming) {
