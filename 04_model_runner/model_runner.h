@@ -118,6 +118,9 @@ class ModelRunner {
   // max_model_len, at most max_num_seqs of them, each in blocks of its own), then that largest one; none
   // when it is kTunedMaxRows (512) or less.
   std::vector<int> prefill_warm_up_sizes() const;
+  // The decode batch sizes a GPU runner captures a graph of (capture_cuda_graphs): nano-vllm's 1, 2, 4, 8
+  // and multiples of 16, those below max_num_seqs, then max_num_seqs itself; increasing, no size twice.
+  std::vector<int> graph_sizes() const;
 
   // For tools (bench --profile, bench-step): wrap every rank's backend (a profiler forwarding every
   // operation; called once per rank, rank 0 first), and switch graph replay off and on (graphs captured
@@ -194,8 +197,6 @@ class ModelRunner {
   // Sequences of token 0 (Sequence objects through prepare_prefill), written into the first KV blocks, which
   // nothing holds yet; the tokens are dropped.
   void warm_up_prefill(Rank& r);
-  // nano-vllm's batch sizes 1, 2, 4, 8, 16, 32, ... (multiples of 16), plus max_num_seqs itself.
-  std::vector<int> graph_sizes() const;
   // Captures rank r's graph of a decode step of bs padding rows (after a warm-up run of the same step).
   void capture_cuda_graph(Rank& r, int bs);
   // forward + logits (+ sampling on rank 0) of a step whose inputs are uploaded: what a graph captures.

@@ -73,6 +73,22 @@ TEST(Ch04_ModelRunner, PrefillWarmUpSizesCoverEveryBucketThatFits) {
   EXPECT_EQ(sizes(30, 8, 5000), (std::vector<int>{}));                   // 480 tokens of blocks
 }
 
+TEST(Ch04_ModelRunner, GraphSizesEndAtMaxNumSeqsWithNoSizeTwice) {
+  const auto sizes = [](int max_seqs) {
+    EngineConfig c;
+    c.model = test::data_path("golden/tiny-qwen3-a");
+    c.device = "cpu";
+    c.num_kvcache_blocks = 8;
+    c.max_num_seqs = max_seqs;
+    return ModelRunner(c).graph_sizes();
+  };
+  EXPECT_EQ(sizes(1), (std::vector<int>{1}));
+  EXPECT_EQ(sizes(8), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_EQ(sizes(16), (std::vector<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(sizes(17), (std::vector<int>{1, 2, 4, 8, 16, 17}));  // nano-vllm has no graph for 17 (StopIteration)
+  EXPECT_EQ(sizes(40), (std::vector<int>{1, 2, 4, 8, 16, 32, 40}));
+}
+
 TEST(Ch04_ModelRunner, PreparePrefillWithPrefixHitAndChunk) {
   ModelRunner runner = make_runner();
   SamplingParams p;
@@ -181,6 +197,58 @@ TEST(Ch04_ModelRunner, DecodeRowsComeBackInTheCallersOrder) {
   }
   EXPECT_NE(a[0].logits, a[1].logits) << "the rows must differ, or a swap would go unseen";
   EXPECT_NE(a[1].logits, a[2].logits) << "the rows must differ, or a swap would go unseen";
+}
+
+TEST(Ch04_ModelRunner, OverlappedDecodeTakesItsInputsFromTheStepBefore) {
+  // The overlapped loop launches decode step 2 before step 1's tokens reach the host: each sequence's last
+  // token is kPendingToken, and input_rows names the row of step 1's batch (in the caller's order) whose
+  // sampled token is its input. The device runs both steps longest first (here sequence 1, 2, 0: an order
+  // that is not its own inverse), so the rows go through two permutations. Both steps must give each
+  // sequence the tokens of the plain loop, which collects step 1 before it launches step 2.
+  const int lengths[3] = {9, 40, 21};
+  auto prefilled = [&](ModelRunner& runner, std::vector<std::unique_ptr<Sequence>>& owned) {
+    int next_block = 0;
+    for (int s = 0; s < 3; s++) {
+      SamplingParams p;
+      p.temperature = s == 0 ? 0.0f : 0.8f;
+      owned.push_back(std::make_unique<Sequence>(s, range(5 * s, 5 * s + lengths[s]), p, 200 + s, 16));
+      for (int b = 0; b < (lengths[s] + 2 + 15) / 16; b++) owned.back()->block_table.push_back(next_block++);
+      owned.back()->num_scheduled_tokens = lengths[s];
+    }
+    const std::vector<int32_t> first = runner.run({owned[0].get(), owned[1].get(), owned[2].get()}, true);
+    for (int s = 0; s < 3; s++) {
+      Sequence& seq = *owned[size_t(s)];
+      seq.num_cached_tokens = lengths[s];
+      seq.num_scheduled_tokens = 1;
+      seq.append_token(first[size_t(s)]);
+    }
+  };
+  const auto step_done = [](Sequence& seq) {  // as Scheduler::mark_computed, then the next decode row
+    seq.num_cached_tokens += 1;
+    seq.num_scheduled_tokens = 1;
+  };
+
+  ModelRunner plain_runner = make_runner();
+  std::vector<std::unique_ptr<Sequence>> plain;
+  prefilled(plain_runner, plain);
+  const std::vector<Sequence*> step1 = {plain[0].get(), plain[1].get(), plain[2].get()};
+  const std::vector<int32_t> plain1 = plain_runner.run(step1, false);
+  for (int s = 0; s < 3; s++) step_done(*plain[size_t(s)]), plain[size_t(s)]->append_token(plain1[size_t(s)]);
+  const std::vector<Sequence*> step2 = {plain[2].get(), plain[0].get(), plain[1].get()};
+  const std::vector<int32_t> plain2 = plain_runner.run(step2, false);
+
+  ModelRunner runner = make_runner();
+  std::vector<std::unique_ptr<Sequence>> owned;
+  prefilled(runner, owned);
+  runner.launch({owned[0].get(), owned[1].get(), owned[2].get()}, false);
+  for (int s = 0; s < 3; s++) step_done(*owned[size_t(s)]), owned[size_t(s)]->append_token(kPendingToken);
+  runner.launch({owned[2].get(), owned[0].get(), owned[1].get()}, false, /*input_rows=*/{2, 0, 1});
+  EXPECT_EQ(runner.collect(), plain1);
+  EXPECT_EQ(runner.collect(), plain2);
+  // Step 1's three tokens differ, so an input taken from the wrong row is another token.
+  EXPECT_NE(plain1[0], plain1[1]);
+  EXPECT_NE(plain1[1], plain1[2]);
+  EXPECT_NE(plain1[0], plain1[2]);
 }
 
 TEST(Ch04_ModelRunner, PrefillGivesTheBitsOfDecodingTokenByToken) {
