@@ -61,6 +61,12 @@ TEST(Ch01_Json, Int64LimitsAreExact) {
   EXPECT_EQ(Json(uint64_t(1) << 63).dump(), "9223372036854775808");
 }
 
+TEST(Ch01_Json, ZeroIsAnUnsignedInteger) {
+  // as_uint64 is exact on [0, 2^64), 0 included (a request's "seed": 0 is read through it).
+  EXPECT_EQ(Json::parse("0", "t").as_uint64(), 0u);
+  EXPECT_EQ(Json::parse("[0, 1]", "t").as_array()[0].as_uint64(), 0u);
+}
+
 TEST(Ch01_Json, StringEscapesAndSurrogatePairs) {
   Json v = Json::parse(R"(["\"\\\/\b\f\n\r\t", "\u00e9\u4e2d", "\ud83d\ude00", "é中😀"])", "t");
   const auto& a = v.as_array();
@@ -68,6 +74,27 @@ TEST(Ch01_Json, StringEscapesAndSurrogatePairs) {
   EXPECT_EQ(a[1].as_string(), "\xc3\xa9\xe4\xb8\xad");
   EXPECT_EQ(a[2].as_string(), "\xf0\x9f\x98\x80");
   EXPECT_EQ(a[3].as_string(), "\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80");
+}
+
+TEST(Ch01_Json, WhatRfc8259AndPythonRefuseInStrings) {
+  // A high surrogate followed by an escape that is not a low surrogate: Python reads "\ud800\u0041" as a
+  // lone surrogate then 'A', and a lone surrogate has no UTF-8 form, so it is refused, as "\ud800" alone is.
+  EXPECT_NE(parse_error(R"("\ud800\u0041")").find("high surrogate not followed by a low surrogate"), std::string::npos);
+  EXPECT_NE(parse_error(R"("\udbff\uffff")").find("high surrogate not followed by a low surrogate"), std::string::npos);
+  // RFC 8259 section 7: every byte below 0x20 must be escaped in a string (Python: "Invalid control
+  // character"); 0x20 itself need not be.
+  for (int c = 0; c < 0x20; c++)
+    EXPECT_NE(parse_error(std::string("\"a") + char(c) + "b\"").find("control character"), std::string::npos) << "byte " << c;
+  EXPECT_EQ(Json::parse("\"a b\"", "t").as_string(), "a b");
+  // A \u escape cut short by the end of the text is an error about the escape, found without reading
+  // past the text: here the byte after the 6-byte view is a hex digit.
+  const char buffer[] = {'"', '\\', 'u', '1', '2', '3', '4', '"'};
+  try {
+    Json::parse(std::string_view(buffer, 6), "t.json");
+    ADD_FAILURE() << "a truncated \\u escape parsed";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "t.json:1:4: truncated \\u escape");
+  }
 }
 
 TEST(Ch01_Json, ErrorsNameLineAndColumn) {

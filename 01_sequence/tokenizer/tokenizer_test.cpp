@@ -173,6 +173,11 @@ TEST(Ch01_TokenizerPieces, Contractions) {
   // U+017F LATIN SMALL LETTER LONG S case-folds to 's': "'ſ" is a contraction, so "x" is cut off
   // (as a plain letter, ſ would have joined "x" in one run: "'ſx").
   EXPECT_EQ(pieces("'" + cp(0x17F) + "x"), (std::vector<std::string>{"'" + cp(0x17F), "x"}));
+  // The contraction alternative comes first, so "'d" is cut off even when letters follow it (Python's
+  // `regex` on the same pattern: "'dog" -> "'d", "og"; "I'dn't" -> "I", "'d", "n", "'t").
+  EXPECT_EQ(pieces("'dog"), (std::vector<std::string>{"'d", "og"}));
+  EXPECT_EQ(pieces("I'dn't"), (std::vector<std::string>{"I", "'d", "n", "'t"}));
+  EXPECT_EQ(pieces("'Dx"), (std::vector<std::string>{"'D", "x"}));
   // Not contractions: the apostrophe leads a letter run, or stands alone.
   EXPECT_EQ(pieces("'v"), (std::vector<std::string>{"'v"}));
   EXPECT_EQ(pieces("'"), (std::vector<std::string>{"'"}));

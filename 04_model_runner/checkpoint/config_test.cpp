@@ -202,6 +202,10 @@ TEST(Ch04_Config, InconsistentOrUnsupportedValuesAreRefused) {
   };
   for (const auto& [field, value, expected] : cases)
     EXPECT_EQ(load_error(dir, with(base_config(), field, value)), path + ": " + expected) << field << " = " << value;
+  // The range is inclusive: 2^24 is a size, 2^24 + 1 is not.
+  EXPECT_EQ(load(dir, with(base_config(), "vocab_size", "16777216")).vocab_size, 16777216);
+  EXPECT_EQ(load_error(dir, with(base_config(), "vocab_size", "16777217")),
+            path + ": field 'vocab_size' must be in [1, 16777216], got 16777217");
   // head_dim absent: 128 whatever hidden_size and the heads are (transformers' default).
   EXPECT_EQ(load(dir, with(with(without(base_config(), "head_dim"), "num_attention_heads", "6"), "num_key_value_heads", "3"))
                 .head_dim,

@@ -237,6 +237,15 @@ TEST(Ch04_Safetensors, AcceptsWhatHuggingFaceAccepts) {
   EXPECT_EQ(tensors[2].data, bytes.data() + 8 + header.size() + 12);
   EXPECT_EQ(tensors[2].data[0], 12);  // make_file's data bytes count up from 0
 
+  // An empty tensor holds no bytes, so it overlaps nothing, even at another tensor's start (Hugging Face
+  // sorts the entries by offsets and needs each to begin where the one before ended: (0,0), then (0,8)).
+  std::vector<uint8_t> starts = make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                          R"("z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 8);
+  std::vector<TensorView> both;
+  ASSERT_NO_THROW(both = parse_safetensors(starts.data(), starts.size(), "t.safetensors"));
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[0].nbytes + both[1].nbytes, 8u);
+
   std::vector<uint8_t> empty = make_file("{}", 0);
   EXPECT_TRUE(parse_safetensors(empty.data(), empty.size(), "t").empty());
   // Every dtype name of dtype.h is read, with its size.
