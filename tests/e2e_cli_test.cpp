@@ -49,11 +49,27 @@ TEST(E2E_Cli, HashBlocksSkipsThePartialLastBlock) {
 
 TEST(E2E_Cli, UsageErrorsExitTwoWithOneLine) {
   for (const char* args : {"hash-blocks --block-size", "hash-blocks --block-size 0", "hash-blocks --bogus",
-                           "hash-blocks --block-size x", "no-such-command", ""}) {
+                           "hash-blocks --block-size x", "no-such-command", "", "help generate bench"}) {
     auto r = run_nanovllm(args, "");
     EXPECT_EQ(r.exit_code, 2) << args;
     EXPECT_TRUE(test::is_one_error_line(r.err)) << args << ": " << r.err;
   }
+}
+
+// Two usage errors a mutation run found unchecked: --chat with --prompt-ids (the template applies to text,
+// so running on with --chat ignored would be a silent wrong answer), and a DEL byte, a control character
+// like those below 0x20, written as an escape (the README's contract for quoted values; 'a', DEL, 'b' by hand).
+TEST(E2E_Cli, ChatWithPromptIdsAndADelByteAreUsageErrors) {
+  auto chat = run_nanovllm("generate --device cpu --model " + test::golden_dir("tiny-qwen3-a") +
+                               " --chat --prompt-ids 1,2 --max-tokens 1 --temperature 0",
+                           "");
+  EXPECT_EQ(chat.exit_code, 2) << chat.err;
+  EXPECT_TRUE(test::is_one_error_line(chat.err)) << chat.err;
+  EXPECT_NE(chat.err.find("--chat applies to --prompt TEXT, not to --prompt-ids"), std::string::npos) << chat.err;
+  EXPECT_EQ(chat.out, "");
+  auto del = run_nanovllm("\"$(printf 'a\\177b')\"", "");
+  EXPECT_EQ(del.exit_code, 2);
+  EXPECT_EQ(del.err, "error: unknown command 'a\\x7fb' (try: nanovllm help)\n");
 }
 
 // The version ranges `nanovllm help` states are the ones the flags take: the last of chapter 05's kernels and
