@@ -522,6 +522,23 @@ TEST(Ch02_Scheduler, ScheduleAheadWaitsForWhatItCannotKnow) {
 // The tests below pin down decisions that change no output, only when work happens (the overlap, the
 // queues' order): a mutation run found each of them unchecked, since the outputs were the same either way.
 
+namespace {
+
+// Schedules the prefill of every sequence added (their sampled tokens 11, 12, ... in batch order), then the
+// decode step after it, and returns that step's batch: what schedule_ahead is asked about.
+std::vector<Sequence*> prefill_then_decode(Scheduler& s) {
+  auto [prefill, is_prefill] = s.schedule();
+  EXPECT_TRUE(is_prefill);
+  std::vector<int32_t> sampled(prefill.size());
+  std::iota(sampled.begin(), sampled.end(), 11);
+  s.postprocess(prefill, sampled, true);
+  auto [decode, is_decode_prefill] = s.schedule();
+  EXPECT_FALSE(is_decode_prefill);
+  return decode;
+}
+
+}  // namespace
+
 TEST(Ch02_Scheduler, DecodeKeepsTheRunningOrderUnderMaxNumSeqs) {
   // With max_num_seqs 2 and three sequences running, decode takes the first two of the running queue and
   // puts them back in front, so the next decode step takes the same two (nano-vllm: extendleft of the
@@ -570,10 +587,7 @@ TEST(Ch02_Scheduler, ScheduleAheadTakesExactlyMaxNumSeqs) {
   Scheduler s(c);
   Sequence a(0, tokens(20, 0), params(10), 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
   s.add(&a), s.add(&b);
-  auto [batch, is_prefill] = s.schedule();
-  s.postprocess(batch, {11, 12}, true);
-  std::tie(batch, is_prefill) = s.schedule();
-  ASSERT_FALSE(is_prefill);
+  const std::vector<Sequence*> batch = prefill_then_decode(s);
   EXPECT_EQ(s.schedule_ahead(batch), (std::vector<Sequence*>{&a, &b}));
 }
 
@@ -583,10 +597,7 @@ TEST(Ch02_Scheduler, ScheduleAheadLeavesASequenceAtItsLastToken) {
   Scheduler s(c);
   Sequence a(0, tokens(20, 0), params(2), 0, 16);
   s.add(&a);
-  auto [batch, is_prefill] = s.schedule();
-  s.postprocess(batch, {11}, true);
-  std::tie(batch, is_prefill) = s.schedule();
-  ASSERT_FALSE(is_prefill);
+  const std::vector<Sequence*> batch = prefill_then_decode(s);
   EXPECT_TRUE(s.schedule_ahead(batch).empty());
   EXPECT_EQ(a.num_tokens(), 21);  // untouched
 }
@@ -597,10 +608,7 @@ TEST(Ch02_Scheduler, ScheduleAheadOnAFullCacheWhenNoBlockIsNeeded) {
   Scheduler s(c);
   Sequence a(0, tokens(20, 0), params(10), 0, 16);
   s.add(&a);
-  auto [batch, is_prefill] = s.schedule();
-  s.postprocess(batch, {11}, true);
-  std::tie(batch, is_prefill) = s.schedule();
-  ASSERT_FALSE(is_prefill);
+  const std::vector<Sequence*> batch = prefill_then_decode(s);
   ASSERT_EQ(s.block_manager().num_free_blocks(), 0);
   EXPECT_EQ(s.schedule_ahead(batch), std::vector<Sequence*>{&a});
 }
@@ -612,12 +620,8 @@ TEST(Ch02_Scheduler, ScheduleAheadCountsNoBlockForAFinishingSequence) {
   Scheduler s(c);
   Sequence a(0, tokens(15, 0), params(2), 0, 16), b(1, tokens(20, 100), params(10), 0, 16);
   s.add(&a), s.add(&b);
-  auto [batch, is_prefill] = s.schedule();
-  ASSERT_EQ(batch.size(), 2u);
-  s.postprocess(batch, {11, 12}, true);
-  std::tie(batch, is_prefill) = s.schedule();
-  ASSERT_FALSE(is_prefill);
-  ASSERT_EQ(batch.size(), 2u);
+  const std::vector<Sequence*> batch = prefill_then_decode(s);
+  ASSERT_EQ(batch.size(), 2u);  // both prefilled, both decoding
   ASSERT_EQ(s.block_manager().num_free_blocks(), 0);
   EXPECT_EQ(s.schedule_ahead(batch), std::vector<Sequence*>{&b});
 }
@@ -633,10 +637,7 @@ TEST(Ch02_Scheduler, ASequenceRetiredAheadLeavesTheOthersGoingOn) {
     Sequence a(0, tokens(20, 0), params(10, /*ignore_eos=*/false), 0, 16),
         b(1, tokens(20, 100), params(b_max_tokens), 0, 16);
     s.add(&a), s.add(&b);
-    auto [batch, is_prefill] = s.schedule();
-    s.postprocess(batch, {11, 12}, true);
-    std::tie(batch, is_prefill) = s.schedule();
-    ASSERT_FALSE(is_prefill);
+    const std::vector<Sequence*> batch = prefill_then_decode(s);
     const std::vector<Sequence*> next = s.schedule_ahead(batch);
     ASSERT_EQ(next.size(), 2u);
     s.finish_ahead(batch, {7, 13});

@@ -149,6 +149,34 @@ TEST(Ch04_ModelRunner, PrepareDecodeUsesTheLastSlot) {
   EXPECT_EQ(in.context_lens, (std::vector<int32_t>{33, 20}));  // the current token included
 }
 
+namespace {
+
+// Three sequences of 9, 40 and 21 prompt tokens (sequence s: ids from stride * s; greedy at s = 0, else
+// temperature 0.8 with seed seed_base + s), each with blocks for `room` tokens past its prompt, prefilled on
+// `runner` and given its sampled token: ready for a decode row each.
+std::vector<std::unique_ptr<Sequence>> prefilled_three(ModelRunner& runner, int stride, uint64_t seed_base, int room) {
+  const int lengths[3] = {9, 40, 21};
+  std::vector<std::unique_ptr<Sequence>> owned;
+  int next_block = 0;
+  for (int s = 0; s < 3; s++) {
+    SamplingParams p;
+    p.temperature = s == 0 ? 0.0f : 0.8f;
+    owned.push_back(std::make_unique<Sequence>(s, range(stride * s, stride * s + lengths[s]), p, seed_base + s, 16));
+    for (int b = 0; b < (lengths[s] + room + 15) / 16; b++) owned.back()->block_table.push_back(next_block++);
+    owned.back()->num_scheduled_tokens = lengths[s];
+  }
+  const std::vector<int32_t> first = runner.run({owned[0].get(), owned[1].get(), owned[2].get()}, true);
+  for (int s = 0; s < 3; s++) {
+    Sequence& seq = *owned[size_t(s)];
+    seq.num_cached_tokens = lengths[s];
+    seq.num_scheduled_tokens = 1;
+    seq.append_token(first[size_t(s)]);
+  }
+  return owned;
+}
+
+}  // namespace
+
 TEST(Ch04_ModelRunner, DecodeRowsComeBackInTheCallersOrder) {
   // The device runs a decode batch longest context first (device_order in model_runner.cpp). Rows are
   // independent, so a sequence's token and logits must not depend on where the caller put it: three
@@ -160,23 +188,7 @@ TEST(Ch04_ModelRunner, DecodeRowsComeBackInTheCallersOrder) {
   };
   auto decode_in_order = [](const std::vector<int>& order) {
     ModelRunner runner = make_runner();
-    const int lengths[3] = {9, 40, 21};
-    std::vector<std::unique_ptr<Sequence>> owned;
-    int next_block = 0;
-    for (int s = 0; s < 3; s++) {
-      SamplingParams p;
-      p.temperature = s == 0 ? 0.0f : 0.8f;
-      owned.push_back(std::make_unique<Sequence>(s, range(3 * s, 3 * s + lengths[s]), p, 100 + s, 16));
-      for (int b = 0; b < (lengths[s] + 1 + 15) / 16; b++) owned.back()->block_table.push_back(next_block++);
-      owned.back()->num_scheduled_tokens = lengths[s];
-    }
-    std::vector<Sequence*> prefill = {owned[0].get(), owned[1].get(), owned[2].get()};
-    const std::vector<int32_t> first = runner.run(prefill, true);
-    for (int s = 0; s < 3; s++) {
-      owned[size_t(s)]->num_cached_tokens = lengths[s];
-      owned[size_t(s)]->num_scheduled_tokens = 1;
-      owned[size_t(s)]->append_token(first[size_t(s)]);
-    }
+    const std::vector<std::unique_ptr<Sequence>> owned = prefilled_three(runner, 3, 100, /*room=*/1);
     std::vector<Sequence*> batch;
     for (int s : order) batch.push_back(owned[size_t(s)].get());
     std::vector<float> logits;
@@ -205,32 +217,13 @@ TEST(Ch04_ModelRunner, OverlappedDecodeTakesItsInputsFromTheStepBefore) {
   // sampled token is its input. The device runs both steps longest first (here sequence 1, 2, 0: an order
   // that is not its own inverse), so the rows go through two permutations. Both steps must give each
   // sequence the tokens of the plain loop, which collects step 1 before it launches step 2.
-  const int lengths[3] = {9, 40, 21};
-  auto prefilled = [&](ModelRunner& runner, std::vector<std::unique_ptr<Sequence>>& owned) {
-    int next_block = 0;
-    for (int s = 0; s < 3; s++) {
-      SamplingParams p;
-      p.temperature = s == 0 ? 0.0f : 0.8f;
-      owned.push_back(std::make_unique<Sequence>(s, range(5 * s, 5 * s + lengths[s]), p, 200 + s, 16));
-      for (int b = 0; b < (lengths[s] + 2 + 15) / 16; b++) owned.back()->block_table.push_back(next_block++);
-      owned.back()->num_scheduled_tokens = lengths[s];
-    }
-    const std::vector<int32_t> first = runner.run({owned[0].get(), owned[1].get(), owned[2].get()}, true);
-    for (int s = 0; s < 3; s++) {
-      Sequence& seq = *owned[size_t(s)];
-      seq.num_cached_tokens = lengths[s];
-      seq.num_scheduled_tokens = 1;
-      seq.append_token(first[size_t(s)]);
-    }
-  };
   const auto step_done = [](Sequence& seq) {  // as Scheduler::mark_computed, then the next decode row
     seq.num_cached_tokens += 1;
     seq.num_scheduled_tokens = 1;
   };
 
   ModelRunner plain_runner = make_runner();
-  std::vector<std::unique_ptr<Sequence>> plain;
-  prefilled(plain_runner, plain);
+  const std::vector<std::unique_ptr<Sequence>> plain = prefilled_three(plain_runner, 5, 200, /*room=*/2);
   const std::vector<Sequence*> step1 = {plain[0].get(), plain[1].get(), plain[2].get()};
   const std::vector<int32_t> plain1 = plain_runner.run(step1, false);
   for (int s = 0; s < 3; s++) step_done(*plain[size_t(s)]), plain[size_t(s)]->append_token(plain1[size_t(s)]);
@@ -238,8 +231,7 @@ TEST(Ch04_ModelRunner, OverlappedDecodeTakesItsInputsFromTheStepBefore) {
   const std::vector<int32_t> plain2 = plain_runner.run(step2, false);
 
   ModelRunner runner = make_runner();
-  std::vector<std::unique_ptr<Sequence>> owned;
-  prefilled(runner, owned);
+  const std::vector<std::unique_ptr<Sequence>> owned = prefilled_three(runner, 5, 200, /*room=*/2);
   runner.launch({owned[0].get(), owned[1].get(), owned[2].get()}, false);
   for (int s = 0; s < 3; s++) step_done(*owned[size_t(s)]), owned[size_t(s)]->append_token(kPendingToken);
   runner.launch({owned[2].get(), owned[0].get(), owned[1].get()}, false, /*input_rows=*/{2, 0, 1});
