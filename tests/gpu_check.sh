@@ -6,8 +6,8 @@
 #              kernels, 06's collectives in their stream-ordered version only; hazards racecheck reports inside
 #              cuBLAS's own kernels counted apart), and over tensor parallelism end to end on them (memcheck:
 #              E2E_Gpu.TensorParallelWithStreamOrderedCollectives and `generate --collectives events`; racecheck:
-#              that `generate` with --linear-version 1); SANITIZE_CHAPTERS (default "04 05 06 07") and
-#              SANITIZE_TP=0 (skip the end-to-end runs) narrow it
+#              that `generate` with --linear-version 1); SANITIZE_CHAPTERS (default "04 05 06 07"),
+#              SANITIZE_TOOLS (default "memcheck racecheck") and SANITIZE_TP=0 (skip the end-to-end runs) narrow it
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
 #   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
@@ -83,16 +83,18 @@ for phase in $phases; do
         [ $rc -eq 0 ] && [ "$ours" -eq 0 ] || status=1
         echo "racecheck $name: exit $rc, hazards in our kernels: $ours, in cuBLAS's: $theirs"
       }
+      tools=${SANITIZE_TOOLS:-memcheck racecheck}
       for c in ${SANITIZE_CHAPTERS:-04 05 06 07}; do
         filter="Ch${c}_*Cuda*"
         [ $c = 04 ] && filter="Ch04_LayersCuda.*"
         [ $c = 06 ] && filter="Ch06_*Cuda*:-Ch06_AllReduceCuda.*"
-        sanitize ch$c memcheck $B/test_ch$c --gtest_filter="$filter"
-        racecheck ch$c $B/test_ch$c --gtest_filter="$filter"
+        [[ " $tools " == *" memcheck "* ]] && sanitize ch$c memcheck $B/test_ch$c --gtest_filter="$filter"
+        [[ " $tools " == *" racecheck "* ]] && racecheck ch$c $B/test_ch$c --gtest_filter="$filter"
       done
       if [ "${SANITIZE_TP:-1}" != 0 ]; then
-        sanitize tp-events memcheck $B/test_e2e --gtest_filter='E2E_Gpu.TensorParallelWithStreamOrderedCollectives'
-        sanitize generate-tp2-events memcheck $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
+        [[ " $tools " == *" memcheck "* ]] &&
+          sanitize tp-events memcheck $B/test_e2e --gtest_filter='E2E_Gpu.TensorParallelWithStreamOrderedCollectives'
+        [[ " $tools " == *" memcheck "* ]] && sanitize generate-tp2-events memcheck $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
           --device cuda --prompt-ids 1,2,3,4,5 --temperature 0 --max-tokens 8 --tensor-parallel-size 2 \
           --collectives events --kv-cache-blocks 8 --max-num-seqs 8
         # Under racecheck the engine's start-up grows the host's memory past its 128 GB from linear version
@@ -100,7 +102,7 @@ for phase in $phases; do
         # 2-8 add at start-up is v2's GEMV at one row and v3's timed choice among cuBLASLt's kernels (the LM
         # head, the prefill buckets); the linear versions are raced in 06's tests above, so the engine is
         # raced end to end with version 1.
-        racecheck generate-tp2-events-v1 $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
+        [[ " $tools " == *" racecheck "* ]] && racecheck generate-tp2-events-v1 $B/nanovllm generate --model tests/data/golden/tiny-qwen3-a \
           --device cuda --prompt-ids 1,2,3,4,5 --temperature 0 --max-tokens 8 --tensor-parallel-size 2 \
           --collectives events --kv-cache-blocks 8 --max-num-seqs 8 --linear-version 1
       fi ;;
