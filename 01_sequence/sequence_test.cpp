@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
 #include "01_sequence/cli/serving_metrics.h"
 #include "01_sequence/engine_config.h"
 #include "01_sequence/llm_engine.h"
+#include "02_scheduler/scheduler.h"
 #include "tests/test_util.h"
 
 using namespace nanovllm;
@@ -72,6 +74,9 @@ TEST(Ch01_Sequence, BadRequestsAreNamed) {
   SamplingParams p = greedy(1);
   p.temperature = -1;
   EXPECT_EQ(error_of([&] { Sequence(0, {1}, p, 0, 16); }), "temperature must be >= 0 (0 = greedy), got -1");
+  // A block holds at least one token: with 0, num_blocks() would divide by zero.
+  EXPECT_EQ(error_of([] { Sequence(0, {1}, greedy(1), 0, 0); }), "block size must be >= 1, got 0");
+  EXPECT_EQ(error_of([] { Sequence(0, {1}, greedy(1), 0, 1); }), "");
 }
 
 TEST(Ch01_SamplingParams, ValidationNamesTheField) {
@@ -245,6 +250,8 @@ TEST(Ch01_LLMEngine, HostTimesOfDecodeStepsLieInsideThem) {
     EXPECT_LE(queue + wait, whole) << "run " << run;
   }
   EXPECT_GT(engine.stats().overlapped_steps, 0) << "the loop never launched a step ahead";
+  // On the CPU a launch is the whole forward pass: the time queuing decode steps cannot be nothing.
+  EXPECT_GT(engine.stats().decode_queue_seconds, 0);
 }
 
 TEST(Ch01_LLMEngine, AddRequestRefusesIdsOutsideTheVocabulary) {
@@ -252,4 +259,187 @@ TEST(Ch01_LLMEngine, AddRequestRefusesIdsOutsideTheVocabulary) {
   EXPECT_EQ(error_of([&] { engine.add_request({1, 512}, greedy(1)); }),
             "request 0: token id 512 is outside the vocabulary [0, 512)");
   EXPECT_TRUE(engine.is_finished());  // nothing was queued
+}
+
+TEST(Ch01_LLMEngine, StatsCountTheTokensOfEachPhase) {
+  // Worked by hand: prompts of 5 and 2 tokens, 3 tokens each (EOS ignored). One prefill step of 7 tokens
+  // makes the first tokens; two decode steps make the other two of each. A decode step reads the K/V of
+  // every token of a sequence, the one it feeds included (nano-vllm's context_lens = len(seq)): 6 + 3 in
+  // the first, 7 + 4 in the second, 20 in all. The overlapped loop and the plain one count alike.
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapped loop" : "plain loop");
+    EngineConfig config = tiny_engine();
+    config.overlap_steps = overlap;
+    LLMEngine engine(config);
+    SamplingParams three = greedy(3);
+    three.ignore_eos = true;
+    engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3, 4, 5}, {6, 7}}, {three});
+    const EngineStats& s = engine.stats();
+    EXPECT_EQ(s.prefill_steps, 1);
+    EXPECT_EQ(s.prefill_tokens, 7);
+    EXPECT_EQ(s.decode_steps, 2);
+    EXPECT_EQ(s.decode_tokens, 4);
+    EXPECT_EQ(s.decode_context_tokens, 20);
+    EXPECT_EQ(s.steps, 3);
+  }
+}
+
+TEST(Ch01_LLMEngine, ChunkedPrefillStepsCountOnlyTheirChunk) {
+  // nano-vllm's prefill count is sum(num_scheduled_tokens): with a budget of 16, a 40-token prompt is
+  // computed in chunks of 16, 16 and 8, and each step returns its chunk, not the whole prompt.
+  EngineConfig config = tiny_engine();
+  config.max_num_batched_tokens = 16;
+  LLMEngine engine(config);
+  SamplingParams two = greedy(2);
+  two.ignore_eos = true;
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; i++) prompt[size_t(i)] = 100 + i;
+  engine.add_request(prompt, two);
+  std::vector<int> counts;
+  while (!engine.is_finished()) counts.push_back(engine.step().second);
+  EXPECT_EQ(counts, (std::vector<int>{16, 16, 8, -1}));
+  EXPECT_EQ(engine.stats().prefill_tokens, 40);
+}
+
+TEST(Ch01_LLMEngine, RequestsStoppedByEosAreReturnedOnceAndTheirDroppedRowsCountNothing) {
+  // The overlapped loop learns of an EOS a step late: the step launched ahead computes a row for the
+  // stopped request and drops it. Worked from nano-vllm's definitions, whichever loop runs: every request
+  // is returned by exactly one step; the prefill steps count the prompts' tokens, the decode steps one
+  // token per completion token after the first (step() returns minus that), as the statistics do; and
+  // once is_finished(), a new request is prefilled by the very next step, nothing left over.
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5}, b = {6, 7};
+  SamplingParams stops;  // a: sampled from a seed of its own, the same tokens in any batch
+  stops.temperature = 1.0f;
+  stops.max_tokens = 10;
+  stops.seed = 7;
+  SamplingParams free_run = stops, runs_on = greedy(8);
+  free_run.ignore_eos = runs_on.ignore_eos = true;
+  const std::vector<int32_t> a_free = LLMEngine(tiny_engine()).generate({a}, {free_run})[0].token_ids;
+  // The EOS: the first token of a's free run first met at index 2 or later, so that a stops in a decode
+  // step read while the next one is in flight.
+  size_t stop = 2;
+  while (stop < a_free.size() && std::find(a_free.begin(), a_free.begin() + long(stop), a_free[stop]) !=
+                                     a_free.begin() + long(stop))
+    stop++;
+  ASSERT_LT(stop, a_free.size());
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapped loop" : "plain loop");
+    EngineConfig config = tiny_engine();
+    config.overlap_steps = overlap;
+    config.eos = {a_free[stop]};
+    LLMEngine engine(config);
+    engine.add_request(a, stops);
+    engine.add_request(b, runs_on);
+    std::map<int64_t, int> returned;
+    std::map<int64_t, std::vector<int32_t>> tokens;
+    int prefill_tokens = 0, decode_tokens = 0;
+    while (!engine.is_finished()) {
+      auto [finished, num_tokens] = engine.step();
+      if (num_tokens > 0) prefill_tokens += num_tokens;
+      else decode_tokens -= num_tokens;
+      for (const GenerateOutput& o : finished) returned[o.seq_id]++, tokens[o.seq_id] = o.token_ids;
+    }
+    EXPECT_EQ(returned, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
+    EXPECT_EQ(tokens[0], std::vector<int32_t>(a_free.begin(), a_free.begin() + long(stop) + 1));  // EOS kept
+    ASSERT_EQ(tokens[1].size(), 8u);
+    EXPECT_EQ(prefill_tokens, 7);
+    EXPECT_EQ(decode_tokens, int(stop) + 7);  // a: stop + 1 tokens, b: 8, less each one's first
+    EXPECT_EQ(engine.stats().decode_tokens, decode_tokens);
+    const int decode_steps = std::max(int(stop), 7);  // a decodes stop tokens, b 7, side by side
+    EXPECT_EQ(engine.stats().decode_steps, decode_steps);
+    if (overlap) {
+      EXPECT_GT(engine.stats().overlapped_steps, 0) << "no step was launched ahead: the test lost its point";
+    }
+    // a alone stops at the EOS again, after stop more decode steps (a step whose only row is dropped is
+    // no decode step); then the next request's prefill is the very next step.
+    engine.add_request(a, stops);
+    while (!engine.is_finished()) engine.step();
+    EXPECT_EQ(engine.stats().decode_steps, decode_steps + int(stop));
+    engine.add_request(b, runs_on);
+    EXPECT_EQ(engine.step().second, 2);
+  }
+}
+
+TEST(Ch01_LLMEngine, RefusedRequestsTakeNoId) {
+  // Ids count the requests accepted, in order of arrival (sequence.h): a refused request, whether refused
+  // for a token id (add_request) or for its length (Scheduler::add), does not take one, and a negative
+  // token id is outside the vocabulary as much as one past its end.
+  EngineConfig config = tiny_engine();
+  config.max_model_len = 64;
+  LLMEngine engine(config);
+  EXPECT_EQ(error_of([&] { engine.add_request({3, -1}, greedy(1)); }),
+            "request 0: token id -1 is outside the vocabulary [0, 512)");
+  EXPECT_EQ(error_of([&] { engine.add_request(std::vector<int32_t>(62, 1), greedy(4)); }),
+            "request 0: prompt (62 tokens) + max_tokens (4) exceeds max_model_len (64)");
+  EXPECT_EQ(engine.add_request({1, 2}, greedy(1)), 0);
+  EXPECT_EQ(engine.add_request({3}, greedy(1)), 1);
+}
+
+TEST(Ch01_LLMEngine, RequestsWithoutASeedDrawDifferentStreams) {
+  // add_request derives a request's seed from the engine's seed and its id: reproducible from one engine
+  // to the next, and different for every request, so that the same prompt sampled twice in one run is not
+  // the same completion twice.
+  SamplingParams sampled;
+  sampled.temperature = 2.0f;
+  sampled.max_tokens = 16;
+  sampled.ignore_eos = true;
+  const std::vector<std::vector<int32_t>> same_prompt_twice = {{1, 2, 3}, {1, 2, 3}};
+  const std::vector<GenerateOutput> first = LLMEngine(tiny_engine()).generate(same_prompt_twice, {sampled});
+  const std::vector<GenerateOutput> again = LLMEngine(tiny_engine()).generate(same_prompt_twice, {sampled});
+  EXPECT_NE(first[0].token_ids, first[1].token_ids);
+  EXPECT_EQ(first[0].token_ids, again[0].token_ids);
+  EXPECT_EQ(first[1].token_ids, again[1].token_ids);
+}
+
+TEST(Ch01_LLMEngine, GenerateTakesOneParamsPerPromptOrOneForAll) {
+  // params has one entry per prompt (each request its own max_tokens here), or one for all; any other
+  // count is the caller's mistake, named.
+  LLMEngine engine(tiny_engine());
+  std::vector<SamplingParams> params = {greedy(2), greedy(5), greedy(3)};
+  for (SamplingParams& p : params) p.ignore_eos = true;
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2}, {3, 4, 5}, {6}};
+  std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
+  ASSERT_EQ(outputs.size(), 3u);
+  EXPECT_EQ(outputs[0].token_ids.size(), 2u);
+  EXPECT_EQ(outputs[1].token_ids.size(), 5u);
+  EXPECT_EQ(outputs[2].token_ids.size(), 3u);
+  EXPECT_EQ(error_of([&] { engine.generate(prompts, {params[0], params[1]}); }),
+            "generate: 2 sampling params for 3 prompts");
+  EXPECT_TRUE(engine.is_finished());  // nothing was queued
+}
+
+TEST(Ch01_LLMEngine, RunToCompletionReturnsOutputsInTheOrderOfItsIds) {
+  // run_to_completion's outputs follow `ids` as given, not the order the requests arrived in.
+  LLMEngine engine(tiny_engine());
+  SamplingParams two = greedy(2), four = greedy(4);
+  two.ignore_eos = four.ignore_eos = true;
+  const int64_t first = engine.add_request({1, 2, 3}, two);
+  const int64_t second = engine.add_request({4, 5}, four);
+  std::vector<GenerateOutput> outputs = engine.run_to_completion({second, first});
+  ASSERT_EQ(outputs.size(), 2u);
+  EXPECT_EQ(outputs[0].seq_id, second);
+  EXPECT_EQ(outputs[0].prompt_token_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(outputs[0].token_ids.size(), 4u);
+  EXPECT_EQ(outputs[1].seq_id, first);
+  EXPECT_EQ(outputs[1].token_ids.size(), 2u);
+}
+
+TEST(Ch01_LLMEngine, OutputsCountTheirPreemptions) {
+  // A pool of 4 blocks of 16 tokens and two requests that each grow to 16 + 40 - 1 = 55 tokens (4 blocks):
+  // both cannot run together to the end. nano-vllm preempts the newest running sequence, so the second is
+  // preempted once, waits (its recompute needs more blocks than are free) until the first finishes, then
+  // runs alone; the first never is. Each output carries its own count.
+  EngineConfig config = tiny_engine();
+  config.num_kvcache_blocks = 4;
+  LLMEngine engine(config);
+  SamplingParams forty = greedy(40);
+  forty.ignore_eos = true;
+  std::vector<GenerateOutput> outputs =
+      engine.generate({std::vector<int32_t>(16, 3), std::vector<int32_t>(16, 4)}, {forty});
+  ASSERT_GT(engine.scheduler().num_preemptions(), 0) << "the pool did not preempt: the test lost its point";
+  EXPECT_EQ(engine.scheduler().num_preemptions(), 1);
+  EXPECT_EQ(outputs[0].num_preemptions, 0);
+  EXPECT_EQ(outputs[1].num_preemptions, 1);
+  EXPECT_EQ(outputs[0].token_ids.size(), 40u);
+  EXPECT_EQ(outputs[1].token_ids.size(), 40u);
 }

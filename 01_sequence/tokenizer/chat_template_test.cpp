@@ -87,6 +87,35 @@ TEST(Ch01_ChatTemplate, InlineReasoningSplitsAtTheOuterTags) {
             "<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n");
 }
 
+TEST(Ch01_ChatTemplate, OnlyAMessageWrappedWholeInToolResponseTagsIsNotAQuery) {
+  // The template skips a user message as the last query only when it starts with <tool_response> and ends
+  // with </tool_response>; one tag alone, or the opening tag alone (shorter than the closing one), is a
+  // real query, and the assistant turn before it loses its reasoning. Expected prompts rendered with Jinja2.
+  for (const std::string query : {"<tool_response>x", "x</tool_response>", "<tool_response>"}) {
+    SCOPED_TRACE(query);
+    EXPECT_EQ(render({{"user", "Q"}, {"assistant", "<think>r1</think>a1"}, {"user", query}}),
+              "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
+              "<|im_start|>user\n" + query + "<|im_end|>\n");
+  }
+}
+
+TEST(Ch01_ChatTemplate, AnAnswerOfNewlinesAloneIsEmpty) {
+  // Python's lstrip('\n') of a string of newlines is "": an answer of only newlines after </think> renders
+  // as nothing. Expected prompt rendered with Jinja2.
+  EXPECT_EQ(render({{"user", "Q"}, {"assistant", "<think>r</think>\n\n"}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\n<|im_end|>\n");
+}
+
+TEST(Ch01_ChatTemplate, ReasoningContentLeavesTheAnswerUnsplit) {
+  // With reasoning_content given, the template does not look for </think> in the content: an inline block
+  // stays in the answer as text. The answer still loses its leading newlines when the reasoning is shown.
+  // Expected prompts rendered with Jinja2.
+  EXPECT_EQ(render({{"user", "Q"}, {"assistant", "<think>x</think>A", std::string("R")}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\n<think>x</think>A<|im_end|>\n");
+  EXPECT_EQ(render({{"user", "Q"}, {"assistant", "\n\nA", std::string("R")}}),
+            "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\nA<|im_end|>\n");
+}
+
 TEST(Ch01_ChatTemplate, ParsesRequests) {
   ChatRequest r = parse_chat_request(Json::parse(R"({"messages":[{"role":"user","content":"hi"}]})", "t"));
   ASSERT_EQ(r.messages.size(), 1u);
@@ -100,6 +129,9 @@ TEST(Ch01_ChatTemplate, ParsesRequests) {
   EXPECT_TRUE(r.add_generation_prompt);
   EXPECT_FALSE(r.enable_thinking);
   EXPECT_EQ(r.messages[0].reasoning_content, "r");
+  // A null reasoning_content is none given (the template's "is not none"): the inline form is read instead.
+  r = parse_chat_request(Json::parse(R"({"messages":[{"role":"assistant","content":"<think>r</think>a","reasoning_content":null}]})", "t"));
+  EXPECT_FALSE(r.messages[0].reasoning_content.has_value());
 }
 
 TEST(Ch01_ChatTemplate, Errors) {

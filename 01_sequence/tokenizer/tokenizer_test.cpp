@@ -17,6 +17,8 @@
 
 #include "01_sequence/base/common.h"
 #include "01_sequence/base/json.h"
+#include "01_sequence/engine_config.h"
+#include "01_sequence/llm_engine.h"
 #include "01_sequence/tokenizer/unicode.h"
 #include "01_sequence/base/utf8.h"
 
@@ -559,4 +561,24 @@ TEST(Ch01_TokenizerLoad, NoNormalizerTakesTheTextAsItIs) {
   EXPECT_EQ(none.decode(none.encode(decomposed)), decomposed);
   EXPECT_EQ(with_nfc.decode(with_nfc.encode(decomposed)), composed);
   EXPECT_EQ(none.encode(composed), with_nfc.encode(composed));  // already NFC: the same either way
+}
+
+TEST(Ch01_TokenizerLoad, AnEngineTakesATokenizerAsLargeAsItsVocabulary) {
+  // Every id of the tokenizer must be a row of the model's embedding: with tiny-qwen3-a (512 ids), a
+  // tokenizer of exactly 512 ids (the 256 byte tokens and 256 more) fits, one of 513 does not.
+  std::vector<std::string> extra;
+  for (int id = 256; id < 512; id++) extra.push_back("<t" + std::to_string(id) + ">");
+  test::TempDir exact, one_more;
+  write_file(exact / "tokenizer.json", tiny_tokenizer_json(extra, {}));
+  extra.push_back("<t512>");
+  write_file(one_more / "tokenizer.json", tiny_tokenizer_json(extra, {}));
+  EngineConfig config;
+  config.model = test::golden_dir("tiny-qwen3-a");
+  config.device = "cpu";
+  config.num_kvcache_blocks = 4;
+  config.tokenizer = exact.path();
+  EXPECT_EQ(error_of([&] { EXPECT_EQ(LLMEngine(config).tokenizer()->vocab_size(), 512); }), "");
+  config.tokenizer = one_more.path();
+  EXPECT_EQ(error_of([&] { LLMEngine engine(config); }),
+            "the tokenizer in " + one_more.path() + " has 513 tokens but the model's vocabulary only 512");
 }
