@@ -1,10 +1,15 @@
 // The CPU collectives against a plain sum: N ranks as N threads, odd sizes, many calls in a row (a fast
-// rank must never read a slow rank's previous round), and gather's column layout with a padded width.
+// rank must never read a slow rank's previous round), and gather's column layout with a padded width. Then
+// the failure paths of the CPU side of tensor parallelism: the barrier's abort and RankThreads' rethrow.
 #include "06_tensor_parallel/communicator.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <thread>
+
+#include "06_tensor_parallel/rank_threads.h"
 
 #include "tests/test_util.h"
 
@@ -77,4 +82,84 @@ TEST(Ch06_Communicator, GatherPlacesShardsSideBySideAndCutsThePadding) {
   });
   for (int i = 0; i < rows; i++)
     for (int j = 0; j < out_cols; j++) EXPECT_EQ(out[size_t(i) * out_cols + j], float(100 * i + j)) << i << "," << j;
+}
+
+// A vocabulary of 5 over 4 ranks: shards of ceil(5 / 4) = 2 columns, so rank 3's columns would start at 6, past
+// the end. That rank holds only padding and adds nothing: out is the first 5 of the 8 columns side by side.
+TEST(Ch06_Communicator, GatherSkipsARankWhoseShardIsAllPadding) {
+  const int world = 4, rows = 3, shard_cols = 2, out_cols = 5;
+  CpuCommunicator comm(world);
+  std::vector<float> out(size_t(rows) * out_cols, -1.0f);
+  on_ranks(world, [&](int rank) {
+    std::vector<float> shard(size_t(rows) * shard_cols);
+    for (int i = 0; i < rows; i++)
+      for (int j = 0; j < shard_cols; j++) shard[size_t(i) * shard_cols + j] = float(100 * i + rank * shard_cols + j);
+    comm.gather(rank, shard.data(), rows, shard_cols, rank == 0 ? out.data() : nullptr, out_cols);
+  });
+  for (int i = 0; i < rows; i++)
+    for (int j = 0; j < out_cols; j++) EXPECT_EQ(out[size_t(i) * out_cols + j], float(100 * i + j)) << i << "," << j;
+}
+
+// A communicator of no ranks is refused: its barrier would wait for a count of 0 that no arrival ever reaches.
+TEST(Ch06_Communicator, AWorldOfNoRanksIsRefused) {
+  EXPECT_EQ(test::error_of([] { CpuCommunicator comm(0); }), "a communicator needs at least one rank, got 0");
+}
+
+// abort() makes every wait, now and later, throw (communicator.h). One thread waits twice on a barrier of two after
+// the abort: if a wait after the abort still counted as an arrival, the second would complete the round and return.
+TEST(Ch06_Communicator, AfterAnAbortEveryLaterWaitThrows) {
+  Barrier barrier(2);
+  barrier.abort();
+  for (int i = 0; i < 2; i++)
+    EXPECT_EQ(test::error_of([&] { barrier.wait(); }), "another tensor-parallel rank failed") << "wait " << i;
+}
+
+// A rank already waiting when another fails is let out with the error, not as if the round had completed (it would
+// go on to read the failed rank's buffer). The pause lets the waiter reach wait() first; the expected error is the
+// same whichever comes first.
+TEST(Ch06_Communicator, AnAbortLetsAWaitingRankOutWithAnError) {
+  Barrier barrier(2);
+  std::string error = "the wait returned";
+  std::thread waiter([&] { error = test::error_of([&] { barrier.wait(); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  barrier.abort();
+  waiter.join();
+  EXPECT_EQ(error, "another tensor-parallel rank failed");
+}
+
+// RankThreads::run rethrows a rank's failure (rank_threads.h), rank 0's (the caller's thread) as well as a worker's.
+TEST(Ch06_RankThreads, AFailureOnAnyRankIsRethrownByRun) {
+  RankThreads ranks(3);
+  for (int failing = 0; failing < 3; failing++) {
+    std::vector<int> ran(3, 0);
+    const std::string error = test::error_of([&] {
+      ranks.run([&](int rank) {
+        ran[size_t(rank)]++;
+        if (rank == failing) fail("rank ", rank, " failed");
+      });
+    });
+    EXPECT_EQ(error, "rank " + std::to_string(failing) + " failed");
+    EXPECT_EQ(ran, (std::vector<int>{1, 1, 1})) << "every rank ran the job once";
+  }
+}
+
+// When several ranks fail, run() rethrows the first failure and on_failure runs once (rank_threads.h): the order is
+// fixed here by rank 1 failing only after rank 0's failure was reported. The run after a failed one starts clean.
+TEST(Ch06_RankThreads, TheFirstFailureIsRethrownAndReportedOnceAndTheNextRunStartsClean) {
+  std::atomic<int> reported{0};
+  RankThreads ranks(2, [&] { reported++; });
+  const std::string error = test::error_of([&] {
+    ranks.run([&](int rank) {
+      if (rank == 0) fail("rank 0 failed first");
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);  // never hang the suite
+      while (reported.load() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+      fail("rank 1 failed second");
+    });
+  });
+  EXPECT_EQ(error, "rank 0 failed first");
+  EXPECT_EQ(reported.load(), 1);
+  std::vector<int> ran(2, 0);
+  EXPECT_EQ(test::error_of([&] { ranks.run([&](int rank) { ran[size_t(rank)]++; }); }), "");
+  EXPECT_EQ(ran, (std::vector<int>{1, 1}));
+  EXPECT_EQ(reported.load(), 1);
 }

@@ -2,6 +2,7 @@
 // build/nanovllm as a user would.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -181,6 +182,38 @@ TEST(E2E_Cli, GenerateTextOnTheEmbeddedDefault) {
   EXPECT_EQ(Json::parse(detok.out, "d").as_string(), out.at("text").as_string());
 }
 
+// Without --json each prompt is printed as nano-vllm's example.py prints it (`Prompt: {prompt!r}`): the text the
+// engine was given, here Qwen3's chat template around the user's turn; not a decoding of its ids, which differs
+// where the tokenizer's normalizer (NFC, tokenizer.json) changed the text: "e" + U+0301 (combining acute) would
+// come back as the one character U+00E9.
+TEST(E2E_Cli, GenerateTextPrintsThePromptAsGivenNotItsIdsDecoded) {
+  auto r = run_nanovllm("generate --device cpu --prompt \"$(printf 'Cafe\\314\\201')\" --chat --max-tokens 1 --seed 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Prompt: \"<|im_start|>user\\nCafe\xCC\x81<|im_end|>\\n<|im_start|>assistant\\n\"\nCompletion: \"", 0),
+            0u)
+      << r.out;
+}
+
+// The text commands' mistakes, each one line (text.cpp: "error: stdin line N: ..." and exit 1 for a bad line; exit 2
+// for a usage error). Qwen3's tokenizer has 151,669 ids (tokenizer.json: 0..151668), so 151669 is one past the last;
+// a JSON value of the wrong type is named with the line; bench-tokenizer without --file is a usage error.
+TEST(E2E_Cli, TextCommandsNameTheLineOfABadValue) {
+  auto past = run_nanovllm("detokenize", "[151668]\n[151669]\n");
+  EXPECT_EQ(past.exit_code, 1);
+  EXPECT_EQ(past.err, "error: stdin line 2: unknown token id 151669 (the vocabulary has ids 0..151668)\n");
+  EXPECT_EQ(std::count(past.out.begin(), past.out.end(), '\n'), 1) << past.out;  // line 1's answer, then the error
+  auto number = run_nanovllm("tokenize", "\"a\"\n5\n");
+  EXPECT_EQ(number.exit_code, 1);
+  EXPECT_EQ(number.err, "error: stdin line 2: expected a JSON string, got a number\n");
+  auto string = run_nanovllm("detokenize", "\"a\"\n");
+  EXPECT_EQ(string.exit_code, 1);
+  EXPECT_EQ(string.err, "error: stdin line 1: expected a JSON array of token ids, got a string\n");
+  auto no_file = run_nanovllm("bench-tokenizer");
+  EXPECT_EQ(no_file.exit_code, 2) << no_file.err;
+  EXPECT_EQ(no_file.err.rfind("error: give at least one --file FILE to encode (usage: ", 0), 0u) << no_file.err;
+  EXPECT_TRUE(test::is_one_error_line(no_file.err)) << no_file.err;
+}
+
 TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   // bench.py's RNG stream, cut short: Python gives 603 prompt and 437 output tokens for 4 requests with
   // max_input_len 200 and max_output_len 120 (random.seed(0); randint as bench.py draws them).
@@ -327,6 +360,11 @@ TEST(E2E_Cli, BadRequestsAndCheckpointsGiveOneErrorLine) {
       {"generate" + a + " --prompt-ids 1,2 --collectives nccl", 2, "error: --collectives must be spin or events, got 'nccl' (usage: "},
       {"bench-step --device cpu --model " + golden_model("tiny-qwen3-a") + " --collectives flags", 2,
        "error: --collectives must be spin or events, got 'flags' (usage: "},
+      // The devices there are, and nano-vllm's range of ranks (Config: assert 1 <= tensor_parallel_size <= 8).
+      {"generate --device gpu --model " + golden_model("tiny-qwen3-a") + " --prompt-ids 1,2", 2,
+       "error: --device must be cpu or cuda, got 'gpu' (usage: "},
+      {"generate" + a + " --prompt-ids 1,2 --tensor-parallel-size 9", 2,
+       "error: --tensor-parallel-size must be in [1, 8], got 9 (usage: "},
       // A request the engine cannot run is a failure (exit 1).
       {"generate" + a + " --prompt-ids 1,512", 1, "error: request 0: token id 512 is outside the vocabulary [0, 512)\n"},
       {"generate" + a + " --prompt-ids 1,2 --max-model-len 4 --max-tokens 3", 1,

@@ -245,6 +245,30 @@ TEST(E2E_Requests, MistakesAreNamedByTheirLine) {
   }
 }
 
+// The low end of each field's range is a value, as it is of the flag's (prompt_token_ids "as --prompt-ids", id 0
+// included; max_tokens [1, ...]; top_k 0, no cut; temperature 0, greedy): the request runs as those flags run it.
+TEST(E2E_Requests, TheLowEndOfEachFieldsRangeIsAccepted) {
+  auto file = run_nanovllm("generate" + kCpuA + " --ignore-eos --json --requests -",
+                           "{\"prompt_token_ids\": [0], \"max_tokens\": 1, \"top_k\": 0, \"temperature\": 0}\n");
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  auto flags = run_nanovllm("generate" + kCpuA + " --ignore-eos --json --prompt-ids 0 --max-tokens 1 --top-k 0 --temperature 0");
+  ASSERT_EQ(flags.exit_code, 0) << flags.err;
+  EXPECT_EQ(file.out, flags.out);
+  EXPECT_EQ(token_ids(json_lines(file.out).at(0)).size(), 1u);
+}
+
+// A byte order mark is skipped where an editor writes one, at the start of the file; anywhere else it is a character
+// that JSON does not allow, named by its line and column (line 2, column 1).
+TEST(E2E_Requests, AByteOrderMarkPastTheFirstLineIsAnError) {
+  const std::string line = "{\"prompt_token_ids\": [1]}\n";
+  auto first = run_nanovllm("generate" + kCpuA + " --max-tokens 1 --requests -", "\xEF\xBB\xBF" + line + line);
+  EXPECT_EQ(first.exit_code, 0) << first.err;
+  auto second = run_nanovllm("generate" + kCpuA + " --max-tokens 1 --requests -", line + "\xEF\xBB\xBF" + line);
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_EQ(second.out, "");
+  EXPECT_EQ(test::last_error_line(second.err).rfind("error: stdin line 2, column 1: ", 0), 0u) << second.err;
+}
+
 TEST(E2E_Requests, FilesAreReadInCommandLineOrder) {
   // Two files, the second saved by an editor that writes a byte order mark first; each request as it is alone.
   test::TempDir dir;

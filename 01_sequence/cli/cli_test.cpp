@@ -1,5 +1,9 @@
-// The command line's flag parser and the subcommands that need no model run (01_sequence/cli/).
+// The command line's flag parser and the subcommands that need no model run (01_sequence/cli/), and the file
+// helpers under them (01_sequence/base/files.h).
+#include <dirent.h>
 #include <gtest/gtest.h>
+
+#include <set>
 
 #include "01_sequence/cli/flags.h"
 #include "04_model_runner/checkpoint/config.h"
@@ -67,6 +71,7 @@ TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
             "flag --max-tokens given twice ('2' and '4')");
   const Flags lists = parse({"--prompt", "a", "--prompt-ids", "1", "--prompt", "b", "--chat", "--chat"});
   EXPECT_EQ(lists.get_all("prompt"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(lists.get("prompt"), "b");  // get() of a list is its last value (flags.h)
   EXPECT_EQ(lists.in_order().size(), 3u);
   EXPECT_TRUE(lists.has("chat"));
   // A value left out: the next flag is named, not the argument after it ("unexpected argument '1'").
@@ -78,4 +83,115 @@ TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
   // --prompt's text may be anything, a flag's name included; a value that only looks like a flag is a value.
   EXPECT_EQ(parse({"--prompt", "--chat"}).get("prompt"), "--chat");
   EXPECT_EQ(parse({"--prompt-ids", "--5"}).get("prompt-ids"), "--5");
+}
+
+// Every argument is a flag or a flag's value: a stray word (a value given twice, a quoted prompt split by the shell)
+// is a usage error naming it, never ignored.
+TEST(Ch01_Cli, AnArgumentThatIsNoFlagIsRefused) {
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return Flags(int(argv.size()), argv.data(), {"max-tokens"}, {"json"});
+  };
+  EXPECT_EQ(error_of([&] { parse({"stray"}); }), "unexpected argument 'stray'");
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens", "2", "3"}); }), "unexpected argument '3'");
+  EXPECT_EQ(error_of([&] { parse({"--json", "-x"}); }), "unexpected argument '-x'");
+}
+
+// Integers are read whole, as get_double reads numbers: "5x" is not 5. get_uint64 (--seed) takes all of [0, 2^64) and
+// nothing else: no sign, no hex, no white space, nothing past 2^64 - 1.
+TEST(Ch01_Cli, IntegerValuesAreReadWholeOrRefused) {
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return Flags(int(argv.size()), argv.data(), {"seed", "max-tokens"}, {});
+  };
+  auto seed = [&](const std::string& text) { return parse({"--seed", text}).get_uint64("seed", 7); };
+  EXPECT_EQ(parse({}).get_uint64("seed", 7), 7u);
+  EXPECT_EQ(seed("0"), 0u);
+  EXPECT_EQ(seed("18446744073709551615"), UINT64_MAX);
+  for (const char* bad : {"5x", "-1", "+1", "0x10", " 5", "5 ", "18446744073709551616"})
+    EXPECT_EQ(error_of([&] { seed(bad); }), std::string("--seed expects a non-negative integer, got '") + bad + "'")
+        << bad;
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens", "2x"}).get_int("max-tokens", 1, 1, 8); }),
+            "--max-tokens expects an integer, got '2x'");
+}
+
+// LineReader (flags.h), on which the JSON Lines commands and --requests name their lines: lines come without their
+// newline, numbered from 1, and a last line without a newline is still a line with its own number. A line of
+// kMaxLineBytes (4 MiB) is read whole; one byte more is refused, naming the file and the line.
+TEST(Ch01_Cli, LineReaderNumbersEveryLineAndRefusesOneByteOverTheLimit) {
+  TempDir dir;
+  write_string(dir / "three", "a\n\nc");
+  LineReader three(dir / "three");
+  std::string line;
+  for (const std::string want : {"a", "", "c"}) {
+    ASSERT_TRUE(three.next(line)) << want;
+    EXPECT_EQ(line, want);
+  }
+  EXPECT_EQ(three.line_number(), 3);
+  EXPECT_FALSE(three.next(line));
+  const size_t limit = LineReader::kMaxLineBytes;
+  ASSERT_EQ(limit, size_t(4) << 20);
+  write_string(dir / "long", std::string(limit, 'x') + "\n" + std::string(limit + 1, 'y') + "\n");
+  LineReader lines(dir / "long");
+  ASSERT_TRUE(lines.next(line));
+  EXPECT_EQ(line, std::string(limit, 'x'));
+  EXPECT_EQ(error_of([&] { lines.next(line); }), dir / "long" + " line 2: longer than 4 MiB");
+}
+
+namespace {
+
+// The names in a folder, "." and ".." left out.
+std::set<std::string> entries(const std::string& dir) {
+  std::set<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.insert(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
+
+}  // namespace
+
+// optional_file_exists (files.h): false when nothing is at the path, and nothing is at a path below a regular file
+// (the system's ENOTDIR), as nothing is at a missing one; a folder there is a mistake named.
+TEST(Ch01_Files, NothingIsBelowARegularFile) {
+  TempDir dir;
+  write_string(dir / "file", "x");
+  EXPECT_FALSE(optional_file_exists(dir / "missing"));
+  EXPECT_FALSE(optional_file_exists(dir / "file/tokenizer.json"));
+  EXPECT_TRUE(optional_file_exists(dir / "file"));
+  EXPECT_EQ(error_of([&] { optional_file_exists(dir.path()); }), dir.path() + ": cannot read: it is a directory");
+}
+
+// make_directories (files.h) is mkdir -p: folders that exist are fine, a regular file where a folder should be is
+// named ("File exists"), never taken for the folder.
+TEST(Ch01_Files, MakeDirectoriesRefusesAFileInTheWay) {
+  TempDir dir;
+  make_directories(dir / "a/b/c");
+  make_directories(dir / "a/b");
+  EXPECT_TRUE(is_directory(dir / "a/b/c"));
+  write_string(dir / "file", "x");
+  EXPECT_EQ(error_of([&] { make_directories(dir / "file"); }), dir / "file" + ": cannot create the directory: File exists");
+  EXPECT_FALSE(is_directory(dir / "file"));
+}
+
+// AtomicFileWriter (files.h): nothing is left behind by a writer destroyed uncommitted, and a commit that cannot
+// rename into place (a folder is there) is an error, not a file silently lost; either way no temporary file stays.
+TEST(Ch01_Files, AnAtomicWriteLeavesTheFileOrNothing) {
+  TempDir dir;
+  {
+    AtomicFileWriter out(dir / "abandoned");
+    out.write("half", 4);
+  }
+  EXPECT_EQ(entries(dir.path()), std::set<std::string>{});
+  make_directories(dir / "folder/inside");
+  EXPECT_EQ(error_of([&] { write_file(dir / "folder", "text"); }),
+            dir / "folder" + ": cannot rename the temporary file: Is a directory");
+  EXPECT_EQ(entries(dir.path()), std::set<std::string>{"folder"});
+  write_file(dir / "done", "text");
+  EXPECT_EQ(read_file(dir / "done"), "text");
+  EXPECT_EQ(entries(dir.path()), (std::set<std::string>{"done", "folder"}));
 }
