@@ -69,9 +69,11 @@ TEST(Ch06_Communicator, ManyCallsInARowNeverMixRounds) {
   for (int r = 0; r < world; r++) EXPECT_EQ(bad[size_t(r)], 0) << "rank " << r;
 }
 
-TEST(Ch06_Communicator, GatherPlacesShardsSideBySideAndCutsThePadding) {
-  // A vocabulary of 10 over 4 ranks: shards of 3 columns, the last one padded by 2.
-  const int world = 4, rows = 2, shard_cols = 3, out_cols = 10;
+namespace {
+
+// Each rank holds columns [rank * shard_cols, (rank + 1) * shard_cols) of a rows x out_cols matrix whose entry
+// (i, j) is 100 i + j, padding past out_cols included; rank 0 gathers them and must get the matrix back whole.
+void expect_gather_puts_shards_side_by_side(int world, int rows, int shard_cols, int out_cols) {
   CpuCommunicator comm(world);
   std::vector<float> out(size_t(rows) * out_cols, -1.0f);
   on_ranks(world, [&](int rank) {
@@ -84,20 +86,17 @@ TEST(Ch06_Communicator, GatherPlacesShardsSideBySideAndCutsThePadding) {
     for (int j = 0; j < out_cols; j++) EXPECT_EQ(out[size_t(i) * out_cols + j], float(100 * i + j)) << i << "," << j;
 }
 
+}  // namespace
+
+TEST(Ch06_Communicator, GatherPlacesShardsSideBySideAndCutsThePadding) {
+  // A vocabulary of 10 over 4 ranks: shards of 3 columns, the last one padded by 2.
+  expect_gather_puts_shards_side_by_side(/*world=*/4, /*rows=*/2, /*shard_cols=*/3, /*out_cols=*/10);
+}
+
 // A vocabulary of 5 over 4 ranks: shards of ceil(5 / 4) = 2 columns, so rank 3's columns would start at 6, past
 // the end. That rank holds only padding and adds nothing: out is the first 5 of the 8 columns side by side.
 TEST(Ch06_Communicator, GatherSkipsARankWhoseShardIsAllPadding) {
-  const int world = 4, rows = 3, shard_cols = 2, out_cols = 5;
-  CpuCommunicator comm(world);
-  std::vector<float> out(size_t(rows) * out_cols, -1.0f);
-  on_ranks(world, [&](int rank) {
-    std::vector<float> shard(size_t(rows) * shard_cols);
-    for (int i = 0; i < rows; i++)
-      for (int j = 0; j < shard_cols; j++) shard[size_t(i) * shard_cols + j] = float(100 * i + rank * shard_cols + j);
-    comm.gather(rank, shard.data(), rows, shard_cols, rank == 0 ? out.data() : nullptr, out_cols);
-  });
-  for (int i = 0; i < rows; i++)
-    for (int j = 0; j < out_cols; j++) EXPECT_EQ(out[size_t(i) * out_cols + j], float(100 * i + j)) << i << "," << j;
+  expect_gather_puts_shards_side_by_side(/*world=*/4, /*rows=*/3, /*shard_cols=*/2, /*out_cols=*/5);
 }
 
 // A communicator of no ranks is refused: its barrier would wait for a count of 0 that no arrival ever reaches.
