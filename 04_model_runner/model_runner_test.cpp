@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <memory>
@@ -353,6 +354,26 @@ TEST(Ch04_Backend, PullCopiesOnlyItsRangesAndPushWritesTheSlotsRow) {
   const Tensor src(device.data() + 10, DType::I32, Device::CPU, {3}), slot(device.data() + 50, DType::I32, Device::CPU, {1});
   cpu->push_tokens_async(tokens.data(), 8, src, slot);
   EXPECT_EQ(tokens, (std::vector<int32_t>{-1, -1, -1, -1, -1, -1, -1, -1, 10, 11, 12, -1, -1, -1, -1, -1}));
+}
+
+// The CPU backend's norms pass their epsilon through: RMSNorm is x / sqrt(mean(x^2) + eps) * weight (layers.h).
+// Row 0, x = [1e-3, -1e-3], has mean square 1e-6, as large as eps = 1e-6: out = x / sqrt(2e-6) * [1, 2] =
+// [1/sqrt(2), -2/sqrt(2)] = [0.70710678, -1.41421356] (without eps it would be [1, -2]). Row 1 is zero: 0 /
+// sqrt(eps) = 0 (without eps, 0/0 = NaN). add_rmsnorm first adds x into residual, which keeps the sum.
+TEST(Ch04_Backend, CpuNormsAddTheirEpsilonToTheMeanSquare) {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const float eps = 1e-6f, want[4] = {0.70710678f, -1.41421356f, 0.0f, 0.0f};
+  std::vector<float> weight = {1.0f, 2.0f}, x = {1e-3f, -1e-3f, 0.0f, 0.0f}, out(4, -9.0f);
+  const Tensor w_t(weight.data(), DType::F32, Device::CPU, {2}), out_t(out.data(), DType::F32, Device::CPU, {2, 2});
+  cpu->rmsnorm(out_t, Tensor(x.data(), DType::F32, Device::CPU, {2, 2}), w_t, eps);
+  EXPECT_TRUE(test::all_near(out.data(), want, 4, 1e-5, [](size_t i) { return "rmsnorm out " + std::to_string(i); }));
+
+  std::vector<float> residual = {4e-4f, -1e-3f, 0.0f, 0.0f}, add = {6e-4f, 0.0f, 0.0f, 0.0f};
+  std::fill(out.begin(), out.end(), -9.0f);
+  cpu->add_rmsnorm(out_t, Tensor(residual.data(), DType::F32, Device::CPU, {2, 2}),
+                   Tensor(add.data(), DType::F32, Device::CPU, {2, 2}), w_t, eps);
+  EXPECT_TRUE(test::all_near(out.data(), want, 4, 1e-5, [](size_t i) { return "add_rmsnorm out " + std::to_string(i); }));
+  EXPECT_TRUE(test::all_near(residual.data(), x.data(), 4, 1e-9, [](size_t i) { return "residual " + std::to_string(i); }));
 }
 
 TEST(Ch04_ModelRunner, ShapesTheCudaKernelsCannotTakeAreNamedBeforeLoading) {

@@ -48,6 +48,62 @@ TEST(E2E_Cli, HashBlocksSkipsThePartialLastBlock) {
   EXPECT_EQ(hashes.as_array()[1].as_uint64(), xxh64(second, 24, 0));
 }
 
+TEST(E2E_Cli, HashBlocksTakesTokenIdsUpTo2To31Minus1) {
+  // Token ids are in [0, 2^31): 2147483647 (0x7fffffff) is the largest accepted, hashed as any other, as the 8
+  // bytes of an int64 LE; 2147483648 is the first refused.
+  auto top = run_nanovllm("hash-blocks --block-size 1", "[2147483647]\n");
+  EXPECT_EQ(top.exit_code, 0) << top.err;
+  const uint8_t block[8] = {0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0};
+  EXPECT_EQ(top.out, "[" + std::to_string(xxh64(block, 8, 0)) + "]\n");
+  auto past = run_nanovllm("hash-blocks --block-size 1", "[2147483648]\n");
+  EXPECT_EQ(past.exit_code, 1);
+  EXPECT_EQ(past.err, "error: stdin line 1: token ids must be integers in [0, 2^31), got 2147483648\n");
+}
+
+TEST(E2E_Cli, HashBlocksReadsCrlfLinesAsTheirLfTwins) {
+  // A file saved with Windows line endings: "\r" is JSON whitespace (RFC 8259), so "[1,2]\r" is the array [1,2],
+  // and a line of only "\r" is a blank line, answered with a blank line like "" (output stays aligned with input).
+  auto lf = run_nanovllm("hash-blocks --block-size 1", "[1,2]\n\n[3]\n");
+  auto crlf = run_nanovllm("hash-blocks --block-size 1", "[1,2]\r\n\r\n[3]\r\n");
+  ASSERT_EQ(lf.exit_code, 0) << lf.err;
+  EXPECT_EQ(crlf.exit_code, 0) << crlf.err;
+  EXPECT_EQ(crlf.out, lf.out);
+  EXPECT_EQ(std::count(lf.out.begin(), lf.out.end(), '\n'), 3) << lf.out;
+}
+
+TEST(E2E_Cli, HashBlocksAnswersEachLineBeforeTheNextArrives) {
+  // A program driving hash-blocks through a pipe sends a line and waits for its answer: each answer (a blank
+  // line's blank answer too) must reach stdout while stdin is still open, not when it closes. The shell below
+  // keeps stdin open (a FIFO on fd 3), sends a line, and waits up to 10 s for the output file to hold one more
+  // line, printing the count it saw each time.
+  test::TempDir dir;
+  test::write_string(dir / "drive.sh",
+                     "cd '" + dir.path() + "' && mkfifo in || exit 1\n"
+                     "'" + test::nanovllm_binary() + "' hash-blocks --block-size 1 <in >out &\n"
+                     "exec 3>in\n"
+                     "n=0\n"
+                     "for line in '[1]' '' '[2,3]'; do\n"
+                     "  printf '%s\\n' \"$line\" >&3; n=$((n + 1))\n"
+                     "  for i in $(seq 100); do [ \"$(wc -l <out)\" -ge $n ] && break; sleep 0.1; done\n"
+                     "  wc -l <out\n"
+                     "done\n"
+                     "exec 3>&-\n"
+                     "wait\n");
+  FILE* p = popen(("bash '" + (dir / "drive.sh") + "'").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string seen;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof buffer, p)) seen += buffer;
+  EXPECT_EQ(pclose(p), 0);
+  EXPECT_EQ(seen, "1\n2\n3\n");
+  uint8_t one[8] = {1}, two[8] = {2}, three[16] = {};
+  const uint64_t h1 = xxh64(one, 8, 0), h2 = xxh64(two, 8, 0);
+  for (int i = 0; i < 8; i++) three[i] = uint8_t(h2 >> (8 * i));
+  three[8] = 3;
+  EXPECT_EQ(read_file(dir / "out"), "[" + std::to_string(h1) + "]\n\n[" + std::to_string(h2) + "," +
+                                                 std::to_string(xxh64(three, 16, 0)) + "]\n");
+}
+
 TEST(E2E_Cli, UsageErrorsExitTwoWithOneLine) {
   for (const char* args : {"hash-blocks --block-size", "hash-blocks --block-size 0", "hash-blocks --bogus",
                            "hash-blocks --block-size x", "no-such-command", "", "help generate bench"}) {
@@ -506,4 +562,54 @@ TEST(E2E_Cli, SummaryLinesSayWhereItRanAndCountInEnglish) {
   EXPECT_EQ(r.err.rfind("device cpu: ", 0), 0u) << r.err;  // the first line: device and KV blocks
   EXPECT_NE(r.err.find(" KV blocks of 256 tokens"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\n1 request: 3 tokens computed in 1 prefill step ("), std::string::npos) << r.err;
+}
+
+TEST(E2E_Cli, BenchStepCountsEachOperationPerStep) {
+  // tiny-qwen3-b (3 layers, 2 KV heads of 64 dims, vocabulary 1000) on the CPU, batch 10 at context 100. Per
+  // step, attention runs once a layer (3 calls) and reads every context token's K and V once per layer: 10 x 100
+  // tokens x 3 layers x (K, V) x 2 heads x 64 dims x 4 bytes = 3,072,000 bytes, 3.1 MB, also the floor's K/V;
+  // the projection to the vocabulary (96 -> 1000) and the embedding run once a step. A linear layer moves its
+  // weight, its input and its output, fp32 on the CPU (4 bytes), its logits fp32 too: qkv (96 -> 640) three
+  // times, (96 x 640 + 10 x 96 + 10 x 640) x 4 x 3 = 825,600 bytes, 0.8 MB; the LM head once,
+  // (96 x 1000 + 10 x 96 + 10 x 1000) x 4 = 427,840 bytes, 0.4 MB.
+  auto r = run_nanovllm("bench-step --device cpu --model " + golden_model("tiny-qwen3-b") +
+                        " --batch 10 --context 100 --iters 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("floor: 5.3 MB per step (weights 2.2 MB + K/V 3.1 MB)\n"), std::string::npos) << r.out;
+  auto row = [&](const std::string& label, int* calls, double* mb) {
+    const size_t at = r.out.find("\n" + label + " ");
+    if (at == std::string::npos) return 0;
+    return std::sscanf(r.out.c_str() + at + 1 + label.size(), " %d %*f %lf", calls, mb);
+  };
+  int calls = -1;
+  double mb = -1;
+  ASSERT_EQ(row("attention decode", &calls, &mb), 2) << r.out;
+  EXPECT_EQ(calls, 3) << r.out;
+  EXPECT_DOUBLE_EQ(mb, 3.1) << r.out;
+  ASSERT_EQ(row("linear 10x96->1000", &calls, &mb), 2) << r.out;
+  EXPECT_EQ(calls, 1) << r.out;
+  EXPECT_DOUBLE_EQ(mb, 0.4) << r.out;
+  ASSERT_EQ(row("linear 10x96->640", &calls, &mb), 2) << r.out;  // q, k and v: (6 + 2 + 2) heads x 64 dims
+  EXPECT_EQ(calls, 3) << r.out;
+  EXPECT_DOUBLE_EQ(mb, 0.8) << r.out;
+  ASSERT_GE(row("embedding", &calls, &mb), 1) << r.out;
+  EXPECT_EQ(calls, 1) << r.out;
+}
+
+TEST(E2E_Cli, BenchPrintsTheMeanDecodeStepInMilliseconds) {
+  // "N decode steps (S s, M ms/step)": M is the decode time over the steps, in milliseconds: 1000 x S / N (S is
+  // printed to 1 ms, so M agrees with it to within 1 ms over N steps, plus M's own rounding).
+  auto r = run_nanovllm("bench --random tiny --device cpu --num-seqs 2 --max-input-len 100 --max-output-len 100");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  long long steps = 0;
+  double seconds = -1, ms_per_step = -1;
+  const size_t at = r.out.find(" decode steps (");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const size_t line = r.out.rfind(';', at);
+  ASSERT_NE(line, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + line, "; %lld decode steps (%lf s, %lf ms/step)", &steps, &seconds, &ms_per_step), 3)
+      << r.out;
+  ASSERT_GT(steps, 0) << r.out;
+  EXPECT_NEAR(ms_per_step, 1e3 * seconds / double(steps), 1.0 / double(steps) + 0.001) << r.out;
+  EXPECT_GT(ms_per_step, 0.0) << r.out;
 }

@@ -768,6 +768,33 @@ TEST(E2E_Reliability, BenchStepNamesAContextPastTheModelsPositions) {
   EXPECT_EQ(r.err, "error: --context 4097 is longer than the model's max_position_embeddings (4096)\n");
 }
 
+TEST(E2E_Reliability, BenchStepTakesAContextOfExactlyTheModelsPositions) {
+  // tiny-qwen3-a has 4096 positions (0..4095): a context of 4096 tokens fits them; 4097 is the first refused (above).
+  auto r = run_nanovllm("bench-step" + kCpuA + " --iters 1 --batch 1 --context 4096");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(E2E_Reliability, BenchStepRunsABatchThatFillsTheCacheExactly) {
+  // Each sequence of 32 tokens holds 32 / 16 = 2 blocks of 16. With K blocks in the cache (as the refusal of a
+  // batch far too large says), K / 2 sequences fill it exactly and must run; one more needs K + 2 blocks.
+  const std::string args = "bench-step" + kCpuA + " --iters 1 --cpu-memory-mib 1 --block-size 16 --context 32 --batch ";
+  auto big = run_nanovllm(args + "60000");
+  ASSERT_EQ(big.exit_code, 1);
+  long long needed = 0, blocks = 0;
+  ASSERT_EQ(std::sscanf(big.err.c_str(), "error: batch 60000 x context 32 needs %lld KV blocks; the cache has %lld",
+                        &needed, &blocks), 2) << big.err;
+  EXPECT_EQ(needed, 120000);
+  ASSERT_GT(blocks, 0);
+  ASSERT_EQ(blocks % 2, 0) << blocks;
+  auto full = run_nanovllm(args + std::to_string(blocks / 2));
+  EXPECT_EQ(full.exit_code, 0) << full.err;
+  auto over = run_nanovllm(args + std::to_string(blocks / 2 + 1));
+  EXPECT_EQ(over.exit_code, 1);
+  EXPECT_EQ(over.err.rfind("error: batch " + std::to_string(blocks / 2 + 1) + " x context 32 needs " +
+                               std::to_string(blocks + 2) + " KV blocks; the cache has " + std::to_string(blocks) + " ",
+                           0), 0u) << over.err;
+}
+
 TEST(E2E_Reliability, ChatRefusesATemplateThatIsNotQwens) {
   // Qwen3's template was rendered whatever tokenizer_config.json held, or without one.
   ScratchDir dir;

@@ -357,7 +357,8 @@ int cmd_bench_step(const Flags& flags) {
   const double kv_bytes_per_token_layer = double(runner.kv_block_bytes()) / block_size / mc.num_hidden_layers;
   // The step's floor: what it must read at least (every weight once, every context token's K and V once
   // per layer), at the measured copy bandwidth.
-  const double floor_weights = decode_step_weight_bytes(mc, on_gpu ? 2 : 4);  // bf16 / fp32
+  const int element_bytes = on_gpu ? 2 : 4;  // weights and activations: bf16 on the GPU, fp32 on the CPU
+  const double floor_weights = decode_step_weight_bytes(mc, element_bytes);
   const double floor_kv = double(batch) * context * kv_bytes_per_token_layer * mc.num_hidden_layers;
   if (copy_gbps > 0)
     std::printf("decode step: batch %d, context %d, cuda; copy bandwidth %.0f GB/s\n", batch, context, copy_gbps);
@@ -391,7 +392,7 @@ int cmd_bench_step(const Flags& flags) {
     // layer, fused or not ("linear 1x1024->4096", "rmsnorm+linear 1x1024->4096", "linear+add ...",
     // "silu+linear+add ...", "linear+silu ...", "linear+add_rmsnorm ...", "linear+sample ..."), reads its
     // weight and activations and writes its output (linear+silu: out / 2 columns; linear+sample: a token a
-    // row, no logits at least).
+    // row, no logits at least). Logits are fp32 on either device.
     double bytes = 0;
     int n = 0, in = 0, out = 0;
     const size_t shape_at = op.label.rfind(' ');
@@ -402,8 +403,8 @@ int cmd_bench_step(const Flags& flags) {
       const double out_columns = op.label.rfind("linear+silu ", 0) == 0     ? out / 2.0
                                  : op.label.rfind("linear+sample ", 0) == 0 ? 0.0
                                                                             : double(out);
-      bytes = (double(in) * out + double(n) * in) * 2 * op.calls +
-              double(n) * out_columns * (out == mc.vocab_size ? 4 : 2) * op.calls;
+      bytes = (double(in) * out + double(n) * in) * element_bytes * op.calls +
+              double(n) * out_columns * (out == mc.vocab_size ? 4 : element_bytes) * op.calls;
     }
     total_ms += op.milliseconds;
     const double gbps = bytes / (op.milliseconds * 1e-3) / 1e9;
