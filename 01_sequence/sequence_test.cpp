@@ -27,6 +27,13 @@ SamplingParams greedy(int max_tokens) {
   return p;
 }
 
+// Greedy for exactly max_tokens: a sampled EOS does not end the request early, so counts are known in advance.
+SamplingParams greedy_all(int max_tokens) {
+  SamplingParams p = greedy(max_tokens);
+  p.ignore_eos = true;
+  return p;
+}
+
 EngineConfig tiny_engine() {
   EngineConfig c;
   c.model = golden_dir("tiny-qwen3-a");
@@ -158,8 +165,7 @@ TEST(Ch01_LLMEngine, RequestTimesComeFromTheStepsThatMadeTheTokens) {
   EngineConfig config = tiny_engine();
   config.max_num_batched_tokens = 16;
   LLMEngine engine(config);
-  SamplingParams three = greedy(3), two = greedy(2);
-  three.ignore_eos = two.ignore_eos = true;  // a sampled EOS must not end a request early
+  const SamplingParams three = greedy_all(3), two = greedy_all(2);
   std::vector<int32_t> b_prompt(40);
   for (int i = 0; i < 40; i++) b_prompt[size_t(i)] = 100 + i;
   using Clock = std::chrono::steady_clock;
@@ -197,8 +203,7 @@ TEST(Ch01_LLMEngine, ServingMetricsOfARunStayInsideItsWallTime) {
   std::vector<SamplingParams> params;
   for (int i = 0; i < 6; i++) {
     prompts.push_back(std::vector<int32_t>(size_t(3 + 7 * i), 10 + i));
-    params.push_back(greedy(2 + 3 * i));
-    params.back().ignore_eos = true;
+    params.push_back(greedy_all(2 + 3 * i));
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
@@ -236,8 +241,7 @@ TEST(Ch01_LLMEngine, HostTimesOfDecodeStepsLieInsideThem) {
     std::vector<SamplingParams> params;
     for (int i = 0; i <= run % 4; i++) {
       prompts.push_back(std::vector<int32_t>(size_t(4 + 5 * i), 20 + i));
-      params.push_back(greedy(3 + 4 * i + run % 3));
-      params.back().ignore_eos = true;
+      params.push_back(greedy_all(3 + 4 * i + run % 3));
     }
     const EngineStats before = engine.stats();
     engine.generate(prompts, params);
@@ -271,8 +275,7 @@ TEST(Ch01_LLMEngine, StatsCountTheTokensOfEachPhase) {
     EngineConfig config = tiny_engine();
     config.overlap_steps = overlap;
     LLMEngine engine(config);
-    SamplingParams three = greedy(3);
-    three.ignore_eos = true;
+    const SamplingParams three = greedy_all(3);
     engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3, 4, 5}, {6, 7}}, {three});
     const EngineStats& s = engine.stats();
     EXPECT_EQ(s.prefill_steps, 1);
@@ -290,8 +293,7 @@ TEST(Ch01_LLMEngine, ChunkedPrefillStepsCountOnlyTheirChunk) {
   EngineConfig config = tiny_engine();
   config.max_num_batched_tokens = 16;
   LLMEngine engine(config);
-  SamplingParams two = greedy(2);
-  two.ignore_eos = true;
+  const SamplingParams two = greedy_all(2);
   std::vector<int32_t> prompt(40);
   for (int i = 0; i < 40; i++) prompt[size_t(i)] = 100 + i;
   engine.add_request(prompt, two);
@@ -395,8 +397,7 @@ TEST(Ch01_LLMEngine, GenerateTakesOneParamsPerPromptOrOneForAll) {
   // params has one entry per prompt (each request its own max_tokens here), or one for all; any other
   // count is the caller's mistake, named.
   LLMEngine engine(tiny_engine());
-  std::vector<SamplingParams> params = {greedy(2), greedy(5), greedy(3)};
-  for (SamplingParams& p : params) p.ignore_eos = true;
+  const std::vector<SamplingParams> params = {greedy_all(2), greedy_all(5), greedy_all(3)};
   const std::vector<std::vector<int32_t>> prompts = {{1, 2}, {3, 4, 5}, {6}};
   std::vector<GenerateOutput> outputs = engine.generate(prompts, params);
   ASSERT_EQ(outputs.size(), 3u);
@@ -411,8 +412,7 @@ TEST(Ch01_LLMEngine, GenerateTakesOneParamsPerPromptOrOneForAll) {
 TEST(Ch01_LLMEngine, RunToCompletionReturnsOutputsInTheOrderOfItsIds) {
   // run_to_completion's outputs follow `ids` as given, not the order the requests arrived in.
   LLMEngine engine(tiny_engine());
-  SamplingParams two = greedy(2), four = greedy(4);
-  two.ignore_eos = four.ignore_eos = true;
+  const SamplingParams two = greedy_all(2), four = greedy_all(4);
   const int64_t first = engine.add_request({1, 2, 3}, two);
   const int64_t second = engine.add_request({4, 5}, four);
   std::vector<GenerateOutput> outputs = engine.run_to_completion({second, first});
@@ -432,8 +432,7 @@ TEST(Ch01_LLMEngine, OutputsCountTheirPreemptions) {
   EngineConfig config = tiny_engine();
   config.num_kvcache_blocks = 4;
   LLMEngine engine(config);
-  SamplingParams forty = greedy(40);
-  forty.ignore_eos = true;
+  const SamplingParams forty = greedy_all(40);
   std::vector<GenerateOutput> outputs =
       engine.generate({std::vector<int32_t>(16, 3), std::vector<int32_t>(16, 4)}, {forty});
   ASSERT_GT(engine.scheduler().num_preemptions(), 0) << "the pool did not preempt: the test lost its point";
