@@ -16,10 +16,16 @@ using namespace nanovllm;
 
 namespace {
 
-ModelRunner make_runner(int block_size = 16) {
+// Golden checkpoint A on the CPU, every other setting EngineConfig's default.
+EngineConfig config_a() {
   EngineConfig c;
   c.model = test::data_path("golden/tiny-qwen3-a");
   c.device = "cpu";
+  return c;
+}
+
+ModelRunner make_runner(int block_size = 16) {
+  EngineConfig c = config_a();
   c.kvcache_block_size = block_size;
   c.num_kvcache_blocks = 32;
   c.max_num_seqs = 8;
@@ -37,9 +43,7 @@ std::vector<int32_t> range(int a, int b) {
 }  // namespace
 
 TEST(Ch04_ModelRunner, ClampsMaxModelLenAndKeepsUserBlockCount) {
-  EngineConfig c;
-  c.model = test::data_path("golden/tiny-qwen3-a");
-  c.device = "cpu";
+  EngineConfig c = config_a();
   c.kvcache_block_size = 16;
   c.num_kvcache_blocks = 7;
   c.max_model_len = 100000;  // the model allows 4096 positions
@@ -55,9 +59,7 @@ TEST(Ch04_ModelRunner, ClampsMaxModelLenAndKeepsUserBlockCount) {
 TEST(Ch04_ModelRunner, PrefillWarmUpSizesCoverEveryBucketThatFits) {
   // Block 16, max_model_len 1000: a sequence takes 63 blocks.
   const auto sizes = [](int num_blocks, int max_seqs, int max_tokens) {
-    EngineConfig c;
-    c.model = test::data_path("golden/tiny-qwen3-a");
-    c.device = "cpu";
+    EngineConfig c = config_a();
     c.kvcache_block_size = 16;
     c.num_kvcache_blocks = num_blocks;
     c.max_num_seqs = max_seqs;
@@ -76,9 +78,7 @@ TEST(Ch04_ModelRunner, PrefillWarmUpSizesCoverEveryBucketThatFits) {
 
 TEST(Ch04_ModelRunner, GraphSizesEndAtMaxNumSeqsWithNoSizeTwice) {
   const auto sizes = [](int max_seqs) {
-    EngineConfig c;
-    c.model = test::data_path("golden/tiny-qwen3-a");
-    c.device = "cpu";
+    EngineConfig c = config_a();
     c.num_kvcache_blocks = 8;
     c.max_num_seqs = max_seqs;
     return ModelRunner(c).graph_sizes();
@@ -419,4 +419,171 @@ TEST(Ch04_ModelRunner, BlocksThatFitClampAtIntMaxAndNeverGoNegative) {
   EXPECT_EQ(blocks_that_fit(std::nan(""), 1024), 0);
   EXPECT_EQ(blocks_that_fit(std::ldexp(1.0, 40), 1024), 1 << 30);
   EXPECT_EQ(blocks_that_fit(std::ldexp(1.0, 50), 1024), INT_MAX);
+}
+
+TEST(Ch04_ModelRunner, TheCudaKernelsTakeTheBoundsTheirErrorStates) {
+  // The refusal states the bounds (model_runner.h: hidden_size a multiple of 8 up to kMaxCudaHidden, 8192;
+  // head_dim 64, 128 or 256), so the bounds themselves must pass: each of the three head_dims, and a
+  // hidden_size of 8192; 8200, the next multiple of 8, is past it.
+  const ModelConfig mc = ModelConfig::load(test::data_path("golden/tiny-qwen3-a"));
+  for (int head_dim : {64, 128, 256}) {
+    ModelConfig c = mc;
+    c.head_dim = head_dim;
+    EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(c, tensor_parallel_layout(c, 1), "c.json"); }), "")
+        << head_dim;
+  }
+  ModelConfig wide = mc;
+  wide.hidden_size = 8192;
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(wide, tensor_parallel_layout(wide, 1), "c.json"); }), "");
+  wide.hidden_size = 8200;
+  EXPECT_EQ(test::error_of([&] { check_fits_cuda_kernels(wide, tensor_parallel_layout(wide, 1), "c.json"); }),
+            "c.json: hidden_size 8200 is not a multiple of 8 up to 8192, which the CUDA kernels need (--device cpu runs it)");
+}
+
+TEST(Ch04_ModelRunner, TheCpuKvCacheGetsWhatTheBudgetLeavesAfterTheBuffers) {
+  // On the CPU the KV cache budget is cpu_memory_mib x gpu_memory_utilization, less what the runner has
+  // allocated already (weights and step buffers; allocate_kv_cache): so a smaller utilization, or larger step
+  // buffers (more max_num_batched_tokens rows) under the same budget, leave fewer blocks; and the cache never
+  // takes more than the budget. Golden checkpoint A; a block is 64 KiB (2 x 2 layers x 16 x 2 x 128 x 4 bytes)
+  // and the buffers of 4096 rows are megabytes more than those of 256, so the counts differ by many blocks.
+  const auto runner_with = [](double utilization, int max_tokens) {
+    EngineConfig c = config_a();
+    c.kvcache_block_size = 16;
+    c.max_num_seqs = 8;
+    c.max_model_len = 256;
+    c.max_num_batched_tokens = max_tokens;
+    c.cpu_memory_mib = 64;
+    c.gpu_memory_utilization = utilization;
+    return std::make_unique<ModelRunner>(c);
+  };
+  const auto full = runner_with(0.9, 256), half = runner_with(0.45, 256), wide = runner_with(0.9, 4096);
+  const double budget = 64.0 * (1 << 20);
+  EXPECT_LE(double(full->kv_cache_bytes()), 0.9 * budget);
+  EXPECT_LE(double(half->kv_cache_bytes()), 0.45 * budget);
+  EXPECT_GT(half->num_kvcache_blocks(), 16);  // above the floor of one sequence of 256 tokens
+  EXPECT_LT(half->num_kvcache_blocks(), full->num_kvcache_blocks());
+  EXPECT_LT(wide->num_kvcache_blocks(), full->num_kvcache_blocks());
+}
+
+TEST(Ch04_ModelRunner, ADecodeStepMayHoldMoreSequencesThanMaxNumBatchedTokens) {
+  // max_num_batched_tokens bounds the tokens a prefill step schedules; a decode step is one row a sequence,
+  // up to max_num_seqs of them, however few tokens a prefill may batch (nano-vllm's scheduler decodes up to
+  // max_num_seqs). Six greedy sequences, each prefilled alone (2 tokens), then decoded in one step on a
+  // runner of 2 batched tokens, must give the tokens they get on a runner of 256.
+  const auto decode_six = [](int max_tokens) {
+    EngineConfig c = config_a();
+    c.kvcache_block_size = 16;
+    c.num_kvcache_blocks = 8;
+    c.max_num_seqs = 6;
+    c.max_num_batched_tokens = max_tokens;
+    c.max_model_len = 16;
+    ModelRunner runner(c);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    std::vector<std::unique_ptr<Sequence>> owned;
+    std::vector<Sequence*> batch;
+    for (int s = 0; s < 6; s++) {
+      owned.push_back(std::make_unique<Sequence>(s, range(3 * s + 1, 3 * s + 3), greedy, 0, 16));
+      Sequence& seq = *owned.back();
+      seq.block_table = {s};
+      seq.num_scheduled_tokens = 2;
+      seq.append_token(runner.run({&seq}, true).at(0));
+      seq.num_cached_tokens = 2;
+      seq.num_scheduled_tokens = 1;
+      batch.push_back(&seq);
+    }
+    return runner.run(batch, false);
+  };
+  std::vector<int32_t> narrow;
+  EXPECT_EQ(test::error_of([&] { narrow = decode_six(2); }), "");
+  EXPECT_EQ(narrow, decode_six(256));
+  EXPECT_EQ(narrow.size(), 6u);
+}
+
+TEST(Ch04_ModelRunner, LogitsAreRefusedWhileALaterStepIsInFlight) {
+  // run(seqs, ..., &logits) launches its step, collects the oldest step in flight and downloads the logits.
+  // With a step launched before it, the step collected is that earlier one, while the logits on the device
+  // are the later step's: tokens of one step with logits of another, so it is refused (download_logits).
+  ModelRunner runner = make_runner();
+  const std::vector<std::unique_ptr<Sequence>> owned = prefilled_three(runner, 5, 200, /*room=*/2);
+  const std::vector<Sequence*> batch = {owned[0].get(), owned[1].get(), owned[2].get()};
+  runner.launch(batch, false);
+  std::vector<float> logits;
+  EXPECT_EQ(test::error_of([&] { runner.run(batch, false, &logits); }),
+            "internal: logits asked for while a later step is in flight");
+}
+
+TEST(Ch04_ModelRunner, InputRowsAreRefusedWhereNoStepBeforeCanGiveThem) {
+  // input_rows name, for each sequence of a decode step, the row of the step in flight whose sampled token is
+  // its input (the overlapped loop). They mean nothing for a prefill (its inputs are the prompt), nor with no
+  // step in flight, nor for a batch of another size than the rows given: each is refused before anything runs.
+  const std::string refused =
+      "internal: input rows for a prefill, a batch of another size, several ranks, or no step before";
+  ModelRunner runner = make_runner();
+  const std::vector<std::unique_ptr<Sequence>> owned = prefilled_three(runner, 5, 200, /*room=*/2);
+  const std::vector<Sequence*> batch = {owned[0].get(), owned[1].get(), owned[2].get()};
+  EXPECT_EQ(test::error_of([&] { runner.launch(batch, false, {0, 1, 2}); }), refused);  // no step in flight
+  runner.launch(batch, false);
+  EXPECT_EQ(test::error_of([&] { runner.launch(batch, false, {0, 1}); }), refused);  // 2 rows for 3 sequences
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sequence prompt(7, range(1, 5), greedy, 0, 16);
+  prompt.block_table = {20};
+  prompt.num_scheduled_tokens = 4;
+  EXPECT_EQ(test::error_of([&] { runner.launch({&prompt}, true, {0}); }), refused);  // a prefill
+  EXPECT_EQ(runner.collect().size(), 3u);  // the one step launched is still there to collect
+}
+
+TEST(Ch04_ModelRunner, AThirdStepIsRefusedBeforeTheFirstIsCollected) {
+  // Two steps may be in flight (the overlapped loop), each writing its tokens to one of two host slots; a third
+  // would write into the first one's slot before it is read, so launch refuses it, and the two launched are
+  // still collected, in order, as the plain loop gives them.
+  ModelRunner plain_runner = make_runner();
+  const std::vector<std::unique_ptr<Sequence>> plain = prefilled_three(plain_runner, 5, 200, /*room=*/2);
+  const std::vector<int32_t> expected = plain_runner.run({plain[0].get(), plain[1].get(), plain[2].get()}, false);
+
+  ModelRunner runner = make_runner();
+  const std::vector<std::unique_ptr<Sequence>> owned = prefilled_three(runner, 5, 200, /*room=*/2);
+  const std::vector<Sequence*> batch = {owned[0].get(), owned[1].get(), owned[2].get()};
+  runner.launch(batch, false);
+  runner.launch(batch, false);
+  EXPECT_EQ(test::error_of([&] { runner.launch(batch, false); }),
+            "internal: a third step launched before the first was collected");
+  EXPECT_EQ(runner.collect(), expected);
+  EXPECT_EQ(runner.collect(), expected);  // the same inputs again: the same tokens (greedy, and seeded by position)
+}
+
+TEST(Ch04_ModelRunner, ATiedCheckpointsOwnLmHeadMustBeItsEmbedding) {
+  // With tie_word_embeddings the LM head is the embedding (nano-vllm points one at the other), so a tied
+  // checkpoint may hold its own lm_head.weight only as the same tensor: same values and same shape
+  // (load_qwen3_weights). Copies of golden checkpoint A (tied): lm_head.weight equal to the embedding loads;
+  // one value changed, or the same bytes as a [hidden, vocab] tensor, cannot be told from another head.
+  const std::string a = test::data_path("golden/tiny-qwen3-a");
+  Checkpoint golden = Checkpoint::open(a);
+  const TensorView& embed = *golden.find("model.embed_tokens.weight");
+  ASSERT_EQ(embed.shape.size(), 2u);
+  ASSERT_NE(embed.shape[0], embed.shape[1]);  // so that the transposed shape is another shape
+  test::TempDir dir;
+  write_file(dir / "config.json", read_file(a + "/config.json"));
+  auto load = [&](const uint8_t* head, std::vector<int64_t> shape) {
+    std::vector<TensorToWrite> tensors;
+    for (const std::string& n : golden.names()) {
+      const TensorView& v = *golden.find(n);
+      tensors.push_back({n, v.dtype, v.shape, v.data, {}});
+    }
+    tensors.push_back({"lm_head.weight", embed.dtype, shape, head, {}});
+    write_safetensors(dir / "model.safetensors", tensors);
+    EngineConfig c;
+    c.model = dir.path();
+    c.device = "cpu";
+    c.num_kvcache_blocks = 4;
+    return test::error_of([&] { ModelRunner runner(c); });
+  };
+  std::vector<uint8_t> copy(embed.data, embed.data + embed.nbytes);
+  EXPECT_EQ(load(copy.data(), embed.shape), "");
+  const std::string refused = dir.path() + ": config.json says tie_word_embeddings, but lm_head.weight differs from "
+                                           "model.embed_tokens.weight";
+  EXPECT_EQ(load(copy.data(), {embed.shape[1], embed.shape[0]}), refused);
+  copy[copy.size() / 2] ^= 0x01;  // one bit of one value
+  EXPECT_EQ(load(copy.data(), embed.shape), refused);
 }

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -612,4 +613,45 @@ TEST(E2E_Cli, BenchPrintsTheMeanDecodeStepInMilliseconds) {
   ASSERT_GT(steps, 0) << r.out;
   EXPECT_NEAR(ms_per_step, 1e3 * seconds / double(steps), 1.0 / double(steps) + 0.001) << r.out;
   EXPECT_GT(ms_per_step, 0.0) << r.out;
+}
+
+// The escapes of one_line (01_sequence/cli/main.cpp, and README's contract for quoted values): \t, \r and \n
+// by name, every other byte below 0x20 as \xHH; here 'a' TAB 'b' CR 'c' 0x01 'd' ESC 'e', by hand.
+TEST(E2E_Cli, EachControlCharacterInAQuotedNameHasItsOwnEscape) {
+  auto r = run_nanovllm("\"$(printf 'a\\tb\\rc\\001d\\033e')\"", "");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "error: unknown command 'a\\tb\\rc\\x01d\\x1be' (try: nanovllm help)\n");
+}
+
+// random-model prints one line saying what it wrote. The tiny preset's parameters, by hand from its shape
+// (vocab 151936, hidden 64, intermediate 192, 2 layers, 4 heads and 2 KV heads of 32, tied): the embedding
+// 151936 * 64 = 9723904; a layer q 128*64 + k 64*64 + v 64*64 + o 64*128 + 3 * 192*64 + norms 64+64+32+32
+// = 61632, two of them 123264; the final norm 64: 9847232 in all, 19694464 bytes of bf16 (19.7 MB). Without
+// --seed the seed is 0 (the usage's example), the bytes of --seed 0.
+TEST(E2E_Cli, RandomModelSaysWhatItWroteWithSeedZeroByDefault) {
+  test::TempDir dir;
+  auto r = run_nanovllm("random-model --preset tiny --out " + dir / "m");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("wrote " + dir / "m" +
+                                                 ": tiny, 9847232 parameters \\(19\\.7 MB of bf16\\), seed 0, "
+                                                 "in [0-9]+\\.[0-9] s\n")))
+      << r.out;
+  auto zero = run_nanovllm("random-model --preset tiny --seed 0 --out " + dir / "zero");
+  ASSERT_EQ(zero.exit_code, 0) << zero.err;
+  EXPECT_EQ(read_file(dir / "m/model.safetensors"), read_file(dir / "zero/model.safetensors"));
+}
+
+// A quoted value past 2,000 bytes is cut there, and the line says how many bytes it left out (one_line in
+// 01_sequence/cli/main.cpp). A name of 3,000 'a's: 2,000 shown, 1,000 left out. A cut never splits a UTF-8
+// character: 1,999 'a's, then "é" (2 bytes, 0xC3 0xA9, bytes 2,000 and 2,001), then 1,000 'b's (3,001
+// bytes) is cut before the "é", after 1,999 bytes, leaving out 1,002.
+TEST(E2E_Cli, ALongQuotedNameIsCutAtTwoThousandBytesOnACharacterBoundary) {
+  auto r = run_nanovllm(std::string(3000, 'a'), "");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "error: unknown command '" + std::string(2000, 'a') +
+                       " ... (1000 more bytes)' (try: nanovllm help)\n");
+  auto utf8 = run_nanovllm(std::string(1999, 'a') + "\xc3\xa9" + std::string(1000, 'b'), "");
+  EXPECT_EQ(utf8.exit_code, 2);
+  EXPECT_EQ(utf8.err, "error: unknown command '" + std::string(1999, 'a') +
+                          " ... (1002 more bytes)' (try: nanovllm help)\n");
 }

@@ -928,3 +928,20 @@ TEST(E2E_Reliability, ACpuKvCacheOfOneLongSequenceNamesMaxModelLen) {
   EXPECT_EQ(r.err, "error: cannot allocate 1563 MiB for the KV cache on the CPU (1563 blocks, one sequence of max_model_len "
                    "400000; use --max-model-len N to use less)\n");
 }
+
+TEST(E2E_Reliability, AKvCacheOfTheBlocksGivenThatDoesNotFitNamesKvCacheBlocks) {
+  SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN();
+  // --kv-cache-blocks sets the cache's size, so when those blocks cannot be had the remedy is fewer of them,
+  // even when they are fewer than one sequence of max_model_len holds (1500 here, of the 1563 that 400,000
+  // tokens take; the budget's floor of one such sequence applies only when the blocks are not given). Model A:
+  // 1 MiB a block of 256, so 1500 MiB, past a 1 GiB address space.
+  ScratchDir dir;
+  copy_model_editing_config(kModelA, dir.path, [](Json& c) { c.set("max_position_embeddings", 1000000); });
+  auto r = run_in_shell("ulimit -v 1048576 && ",
+                        "generate --device cpu --model " + dir.path +
+                            " --prompt-ids 1 --max-model-len 400000 --kv-cache-blocks 1500",
+                        "");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: cannot allocate 1500 MiB for the KV cache on the CPU (1500 blocks; use --kv-cache-blocks N to "
+                   "use less)\n");
+}

@@ -195,3 +195,18 @@ TEST(Ch01_Files, AnAtomicWriteLeavesTheFileOrNothing) {
   EXPECT_EQ(read_file(dir / "done"), "text");
   EXPECT_EQ(entries(dir.path()), (std::set<std::string>{"done", "folder"}));
 }
+
+TEST(Ch01_Cli, RandomModelNamesTheFlagThatIsMissing) {
+  // Without --preset or --out the usage error says which flag is required, not that the empty preset is
+  // unknown (an unknown preset is a different mistake, with its own message above).
+  auto run = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {"force"});
+    return cmd_random_model(flags);
+  };
+  TempDir dir;
+  EXPECT_EQ(error_of([&] { run({"--out", dir / "m"}); }), "--preset PRESET is required");
+  EXPECT_EQ(error_of([&] { run({"--preset", "tiny"}); }), "--out DIR is required");
+  EXPECT_FALSE(is_directory(dir / "m"));
+}

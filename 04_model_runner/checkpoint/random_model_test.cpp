@@ -247,3 +247,58 @@ TEST(Ch04_RandomModel, EnsureWritesOnceAndAtomically) {
   EXPECT_EQ(error_of([&] { ensure_random_model("tiny", model, 3); }),
             model + ": exists but is incomplete (an interrupted earlier run?); delete it");
 }
+
+TEST(Ch04_RandomModel, AShardIndexInTheOutputFolderIsRefused) {
+  // Checkpoint::open reads model.safetensors.index.json when it is there and ignores the files it does not
+  // list, so a stale index beside our model.safetensors would load another model (or none): it is refused
+  // as a stale shard is, naming it, before anything is written.
+  TempDir dir;
+  write_string(dir / "model.safetensors.index.json", R"({"weight_map": {}})");
+  EXPECT_EQ(error_of([&] { write_random_model(small_config(), dir.path(), 0); }),
+            dir.path() + ": already holds another checkpoint (model.safetensors.index.json); choose an empty folder");
+  EXPECT_FALSE(is_regular_file(dir / "model.safetensors"));
+}
+
+TEST(Ch04_RandomModel, ATokenizerFolderMissingItsConfigIsRefusedBeforeWriting) {
+  // A tokenizer folder needs both tokenizer.json and tokenizer_config.json (both are copied). The check comes
+  // first, so a folder that has only tokenizer.json fails at once, naming the missing file, and the output
+  // folder is never made (not after minutes of writing weights).
+  TempDir dir;
+  make_directories(dir / "tok");
+  write_string(dir / "tok/tokenizer.json", "{}");
+  EXPECT_EQ(error_of([&] { write_random_model(small_config(), dir / "out", 0, dir / "tok"); }),
+            dir / "tok/tokenizer_config.json" + ": no such file (a tokenizer folder needs tokenizer_config.json)");
+  EXPECT_FALSE(is_directory(dir / "out"));
+}
+
+TEST(Ch04_RandomModel, TheFileSaysItsFormatIsPytorchAsHuggingFacesWriterDoes) {
+  // transformers refuses a .safetensors file whose __metadata__ has no "format" of "pt", "tf", "flax" or "mlx"
+  // (modeling_utils.load_state_dict); Hugging Face's own writer (save_file from a torch model) puts
+  // {"format": "pt"}. The header is the JSON after the 8-byte little-endian length (safetensors.h).
+  TempDir dir;
+  write_random_model(small_config(), dir.path(), 0);
+  const std::vector<uint8_t> bytes = read_bytes(dir / "model.safetensors");
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = n << 8 | bytes[size_t(i)];
+  ASSERT_LE(8 + n, bytes.size());
+  const Json header = Json::parse(std::string(bytes.begin() + 8, bytes.begin() + 8 + ptrdiff_t(n)), "header");
+  const Json* metadata = header.find("__metadata__");
+  ASSERT_NE(metadata, nullptr);
+  ASSERT_NE(metadata->find("format"), nullptr);
+  EXPECT_EQ(metadata->find("format")->as_string(), "pt");
+}
+
+TEST(Ch04_RandomModel, AFolderWithoutGenerationConfigIsIncomplete) {
+  // write_random_model writes model.safetensors, config.json and generation_config.json (the EOS ids live in
+  // the last, as in Qwen's own folders): a folder missing any of the three is not a complete model, and
+  // ensure_random_model refuses it rather than run with other EOS ids.
+  TempDir dir;
+  const std::string model = dir / "m";
+  ASSERT_TRUE(ensure_random_model("tiny", model, 3));
+  ASSERT_TRUE(is_complete_random_model(model, false));
+  std::remove((model + "/generation_config.json").c_str());
+  EXPECT_FALSE(is_complete_random_model(model, false));
+  EXPECT_EQ(error_of([&] { ensure_random_model("tiny", model, 3); }),
+            model + ": exists but is incomplete (an interrupted earlier run?); delete it");
+}
