@@ -302,3 +302,28 @@ TEST(Ch04_RandomModel, AFolderWithoutGenerationConfigIsIncomplete) {
   EXPECT_EQ(error_of([&] { ensure_random_model("tiny", model, 3); }),
             model + ": exists but is incomplete (an interrupted earlier run?); delete it");
 }
+
+TEST(Ch04_RandomModel, ATensorOfAnOddNumberOfValuesIsWrittenToItsLastValue) {
+  // Normals are drawn in pairs (the polar method), so a tensor, or its last chunk of 65,536, with an odd
+  // number of values takes only the first of its last pair. Here the largest tensors, the embedding and the
+  // LM head, are 2,047 x 63 (odd): every value must be written, the last one too (a value of the stream, not
+  // the zero or stale bytes of the buffer), and nothing past it, which `make sanitize` checks (the fill
+  // buffer is as large as the largest tensor).
+  ModelConfig config = small_config();
+  config.vocab_size = 2047;
+  config.hidden_size = 63;
+  TempDir dir;
+  write_random_model(config, dir.path(), 7);
+  Checkpoint c = Checkpoint::open(dir.path());
+  for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"}) {
+    const TensorView& t = c.get(name, {2047, 63});
+    std::vector<float> v(size_t(t.numel()));
+    read_as_float(t, v.data());
+    for (size_t i = 0; i < v.size(); i++) ASSERT_TRUE(std::isfinite(v[i])) << name << " value " << i;
+    EXPECT_NE(v.back(), 0.0f) << name;
+    const Moments m = moments(t);
+    EXPECT_NEAR(m.mean, 0.0, 0.007) << name;  // 5 standard errors of the mean: 0.5 / sqrt(128,961) each
+    EXPECT_NEAR(m.std, 0.5, 0.01) << name;     // the embedding's and the LM head's stddev
+    EXPECT_NEAR(m.within_one_std, 0.683, 0.01) << name;  // a normal's share within one sigma
+  }
+}
