@@ -19,7 +19,7 @@
 // Launch:   v5's grid and order, 128 threads (one warpgroup), dynamic shared memory 4 tiles (K x 2, V x 2:
 //           64 KB at head_dim 128) + 1 KB to align them to 1,024 bytes; at most 168 registers a thread (3
 //           blocks an SM). Head dims 64 and 128. On a GPU without wgmma (or code not built for sm_90a) the
-//           dispatch runs v5 instead (attention.cu).
+//           launcher runs v5 instead (launch_v12_wgmma_prefill, below).
 // Measured: `attention prefill` over bench.py's workload 92 ms (v5) -> 62 ms; 76 ms without the one
 //           read per tile, 72 ms at two blocks an SM (NOTES.md, "v12: prefill on wgmma"); whole tiles
 //           copied with one address a thread, 66.5 -> 52.8 ms in the eager profile, the last tile too,
