@@ -64,8 +64,11 @@ void take_sampled_tokens_cpu(int32_t* ids, const int32_t* tokens, const int32_t*
 
 namespace nanovllm {
 
+// embedding_cpu: out (n, hidden) = the rows of table (vocab_size, hidden) that ids (n) pick, zeros for ids
+// outside [vocab_start, vocab_start + vocab_size).
 void embedding_cuda(bf16* out, const bf16* table, const int32_t* ids, int n, int hidden, int vocab_start,
                     int vocab_size, cudaStream_t stream);
+// rmsnorm_cpu: out (n, hidden) = x / sqrt(mean(x^2) + eps) * weight, row by row.
 void rmsnorm_cuda(bf16* out, const bf16* x, const bf16* weight, int n, int hidden, float eps, cudaStream_t stream);
 // residual (bf16) += x, rounded to bf16 as the new residual; out = rmsnorm of the unrounded fp32 sum.
 void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weight, int n, int hidden, float eps,
@@ -75,6 +78,7 @@ void add_rmsnorm_cuda(bf16* out, bf16* residual, const bf16* x, const bf16* weig
 // linear_wgmma_partials_cuda; linear version 8): the same bits as that projection followed by add_rmsnorm_cuda.
 void add_rmsnorm_partials_cuda(bf16* out, bf16* residual, const float* partials, int splits, const bf16* weight, int n,
                                int hidden, float eps, cudaStream_t stream);
+// qk_norm_rope_cpu: q and k heads of each qkv row (n, row_stride) normed and rotated in place, v untouched.
 void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const bf16* k_norm,
                        const int32_t* positions, const float* cos_table, const float* sin_table, int n,
                        int num_heads, int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
@@ -90,8 +94,11 @@ void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, 
                              const int32_t* positions, const float* cos_table, const float* sin_table,
                              bf16* k_cache, bf16* v_cache, const int32_t* slot_mapping, int n, int num_heads,
                              int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
+// silu_and_mul_cpu: out (n, inter) = silu(gate) * up, gate_up (n, 2 * inter) = [gate | up] per row.
 void silu_and_mul_cuda(bf16* out, const bf16* gate_up, int n, int inter, cudaStream_t stream);
+// gather_rows_cpu: out (m, cols) = rows rows[0..m) of x.
 void gather_rows_cuda(bf16* out, const bf16* x, const int32_t* rows, int m, int cols, cudaStream_t stream);
+// take_sampled_tokens_cpu: ids[i] = tokens[rows[i]] where rows[i] >= 0, unchanged where rows[i] = -1 (m,).
 void take_sampled_tokens_cuda(int32_t* ids, const int32_t* tokens, const int32_t* rows, int m, cudaStream_t stream);
 
 // A CUDA graph's own transfers (04_model_runner/NOTES.md section 3, "The step's inputs read by the graph"):

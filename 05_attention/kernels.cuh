@@ -38,8 +38,10 @@ struct AttentionParams {
   float* part_m;        // (num_seqs, num_heads, max_partitions): running max (base 2)
   float* part_l;        // (num_seqs, num_heads, max_partitions): sum of exp2(s - m)
   float* part_O;        // (num_seqs, num_heads, max_partitions, head_dim): unnormalised output
-  // v10 and v11: each sequence's context cut into `splits` near-equal partitions (v10 decode_splits, v11
-  // cluster_decode_splits), whatever its length; 0 = partitions of partition_size keys (v2-v9). With 1 split the block writes `out` itself.
+  // v10 and v11: each sequence's context cut into `splits` near-equal partitions, whatever its length (v10
+  // decode_splits; v11 cluster_decode_splits capped at tensor_core_decode_max_cluster(), or decode_splits
+  // where the GPU has no clusters); 0 = partitions of partition_size keys (v2-v9). With 1 split the block
+  // writes `out` itself.
   int splits;
   // Decode with chapter 04's qk_norm_rope_store done by the attention kernel (decode_attention_fused_cuda;
   // v9, v10 and v11): q and k in the qkv rows that q points into are raw, and the cache lacks this step's key.
@@ -57,7 +59,7 @@ struct AttentionParams {
   float eps;
 };
 
-// Keys per partition of a sequence with `context` keys: partition_size, or for v10 the context over
+// Keys per partition of a sequence with `context` keys: partition_size, or for v10 and v11 the context over
 // `splits` rounded up to whole 16-key tiles (at least one tile): context 1,000 over 2 splits, 500 -> 512;
 // over 3, 334 -> 336.
 __host__ __device__ inline int partition_size_for(const AttentionParams& p, int context) {

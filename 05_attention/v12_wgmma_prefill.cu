@@ -408,7 +408,7 @@ __device__ const int kWgmmaPrefillCompiled =
 // Launch
 
 // Grid (ceil(max_seqlen_q G / 64), num_kv_heads, num_seqs): a block a 64-row tile, kThreads threads, two K and
-// two V tiles of dynamic shared memory and 1 KB to align them (66.5 KB at head_dim 128). Plain launch.
+// two V tiles of dynamic shared memory and 1 KB to align them (65 KB at head_dim 128, 33 KB at 64). Plain launch.
 template <int HEAD_DIM>
 void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
   const int G = p.num_heads / p.num_kv_heads;

@@ -19,7 +19,8 @@
 //           memory 4 tiles of 64 x head_dim bf16 (K x 2, V x 2): 64 KB for head_dim 128, 32 KB for 64;
 //           at most 168 registers a thread, so that 3 blocks (12 warps) share an SM.
 //           blockIdx.x runs the row tiles backwards, so the heaviest (last rows, most keys) start first.
-//           Head dims 64 and 128 (others run v0), any GQA group, any block_size (a multiple of 16).
+//           Head dims 64 and 128 (others run v0), any GQA group, any block_size (the engine's
+//           are multiples of 16).
 // Measured: see NOTES.md.
 //
 // ---------------------------------------------------------------------------------------------------

@@ -63,11 +63,13 @@ namespace nanovllm {
 namespace {
 
 constexpr int kTileKeys = 16;  // keys per tile: the mma's K for P V, two n-tiles for Q K^T
-// warps per block; warp w takes tiles w, w + 4, w + 8, ... of the partition. 8 were no faster at 16 rows and
-// 3% slower at 64 (NOTES.md, "A deeper pipeline for one-wave grids", "Eight warps a block").
+// warps per block; warp w takes tiles w, w + 4, w + 8, ... of the partition. 8 left attention's own time at 16
+// rows where it was and made the step 2% slower at 64 (NOTES.md, "A deeper pipeline for one-wave grids",
+// "Eight warps a block").
 constexpr int kWarpsV9 = 4;
-// tiles of each warp in shared memory at once (2 in flight while 1 computes). 6 were no faster at 16 rows,
-// slower at 8 and 32 (NOTES.md, "A deeper pipeline for one-wave grids").
+// tiles of each warp in shared memory at once (2 in flight while 1 computes). 6 left attention's own time
+// at 16 rows where it was (the step 2% faster), and made the step slower at 8 and 32 (NOTES.md, "A deeper
+// pipeline for one-wave grids", measured before 16 rows took two splits).
 constexpr int kStages = 3;
 
 // Shared-memory byte offset of 16-byte chunk `chunk` of row `row` in a (kTileKeys, HEAD_DIM) bf16 tile: the

@@ -143,8 +143,8 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                        left to the norm after it (CudaLinear::run_partials, Backend::linear_add_rmsnorm):
 //                        the blocks of a split need no cluster. The default, the fastest measured
 //                        (04_model_runner/NOTES.md, section 2, "v6's split-K sum in the norm after it")
-// Versions 2 and 3 each add to the one before; 4 and 5 add one kernel to 2, 7 and 8 one use of v6 to 6. Every
-// version runs in the same binary, so each step of the ladder is measured against the one it builds on.
+// Versions 2, 3 and 6 each add to the one before (6 to 5); 4 and 5 add one kernel to 2, 7 one kernel (v7) to 6,
+// and 8 one use of v6 to 6. Every version runs in the same binary, so each step of the ladder is measured against the one it builds on.
 namespace nanovllm {
 constexpr int kLinearVersionMin = 1, kLinearVersionMax = 8, kLinearVersionDefault = 8;
 

@@ -555,12 +555,14 @@ bool linear_wgmma_available() {
 
 namespace {
 
+// Refuses (fail) the operands v6 cannot take on this GPU, naming the shape.
 void check_operands(const bf16* x, const bf16* W, int n, int in_features) {
   if (!linear_split_k_fits(x, W, n, in_features) || !linear_wgmma_available())
     fail("linear_wgmma_cuda: needs a GPU of compute capability 9.0 with code built for sm_90a, in_features % 8 "
          "== 0 and 16-byte aligned x and W (n ", n, ", in ", in_features, ")");
 }
 
+// y (n, out_features) = x W^T by `plan`, stored as fp32 or bf16: no SiLU, and the splits summed in their cluster.
 void launch_plain(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features, int out_features,
                   const LinearWgmmaPlan& plan, cudaStream_t stream) {
   if (y_is_fp32)

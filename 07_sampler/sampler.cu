@@ -1,6 +1,6 @@
 // sampler.cu: argmax of (logits / T + Gumbel noise) per row, or of the logits alone when T = 0.
 //
-// The kernels, in the order a reader should take them (sampler_row_cpu in sampler_cpu.cpp is the spec):
+// The kernels, in the order a reader should take them (sample_row_cpu in sampler_cpu.cpp is the spec):
 //   sample_kernel<false>    v0: every entry scored exactly, the CPU loop spread over a block's 1024 threads
 //                           and over up to 8 blocks of a thread-block cluster per row
 //   sample_kernel<true>     v1, the default: an entry whose score certainly falls below its warp's best skips

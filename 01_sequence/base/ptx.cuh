@@ -1,6 +1,6 @@
-// ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5, v6 and v9,
-// 06_tensor_parallel's linear_split_k.cu and linear_gemv_mma.cu) and of 04_model_runner/layers.cu's cp.async
-// copies, one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
+// ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5 and v9,
+// 06_tensor_parallel's linear_split_k.cu and linear_gemv_mma.cu) and of 05_attention's v6 and
+// 04_model_runner/layers.cu's cp.async copies, one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
 // m16n8k16, and createpolicy for v9's L2 hint), the copy engine's barriers and bulk copy of
 // 06_tensor_parallel's sm_90 kernels, what the warpgroup MMA (wgmma) kernels of both chapters share
 // (05_attention's v12, 06_tensor_parallel's linear_wgmma.cu), and the remote stores into a cluster peer's
