@@ -797,3 +797,32 @@ TEST(Ch05_Versions, UnknownVersionsAndHeadDimsAreErrors) {
   EXPECT_EQ(test::error_of([&] { attention_version_for(AttentionPhase::Decode, 0, make_shape(8, 3, 128, 16)); }),
             "attention: 8 query heads do not make groups of 3 KV heads");
 }
+
+// The phases of each version, as README.md walks them and NOTES.md tabulates them: v0 and v1 run both, v5 and v12
+// (tensor-core FlashAttention-2) prefill only, v2-v4 and v6-v11 (split-K and what builds on it) decode only.
+TEST(Ch05_Versions, EachVersionRunsThePhasesItsChapterSays) {
+  const std::vector<AttentionVersion>& table = attention_versions();
+  ASSERT_EQ(table.size(), 13u);
+  for (const AttentionVersion& v : table) {
+    const bool both = v.number <= 1, prefill_only = v.number == 5 || v.number == 12;
+    EXPECT_EQ(v.prefill, both || prefill_only) << v.name;
+    EXPECT_EQ(v.decode, !prefill_only) << v.name;
+  }
+}
+
+// v1-v8 find every key's slot one by one, so any block size suits them; only v9-v11 need blocks of whole 16-key tiles
+// (attention_versions.cpp). At a block of 8 tokens every decode version up to 8 runs as asked.
+TEST(Ch05_Versions, DecodeVersionsBeforeV9TakeAnyBlockSize) {
+  const AttentionShape blocks_of_8 = make_shape(16, 8, 128, 8);
+  for (int requested : {1, 2, 3, 4, 6, 7, 8})
+    EXPECT_EQ(attention_version_for(AttentionPhase::Decode, requested, blocks_of_8), requested) << "v" << requested;
+}
+
+// A head_dim below 1 and a KV block of fewer than 1 token are shapes no kernel takes: errors naming them, never a
+// version picked for them (v0 "takes any shape", but not an empty one).
+TEST(Ch05_Versions, AnEmptyHeadOrBlockIsAnError) {
+  EXPECT_EQ(test::error_of([] { attention_version_for(AttentionPhase::Prefill, 0, make_shape(2, 1, 0, 16)); }),
+            "head_dim 0 is not supported by the CUDA attention kernels (1 to 256)");
+  EXPECT_EQ(test::error_of([] { attention_version_for(AttentionPhase::Decode, 0, make_shape(2, 1, 64, 0)); }),
+            "attention: a KV block of 0 tokens");
+}

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "06_tensor_parallel/rank_threads.h"
@@ -49,6 +50,21 @@ TEST(Ch06_Communicator, AllReduceIsThePlainSumOnEveryRank) {
         for (int r = 0; r < world; r++)
           ASSERT_EQ(results[call][size_t(r)][size_t(i)], want) << "world " << world << " call " << call << " rank " << r;
       }
+    }
+  }
+}
+
+// The sum starts from rank 0's value, not from 0.0f (communicator.cpp, as all_reduce_cpu): in IEEE arithmetic -0 + -0
+// is -0, while 0 + -0 + -0 is +0. Every rank holding -0 must get -0 back, sign bit and all.
+TEST(Ch06_Communicator, AllReduceOfNegativeZerosIsNegativeZero) {
+  for (int world : {2, 3}) {
+    CpuCommunicator comm(world);
+    std::vector<std::vector<float>> x(size_t(world), std::vector<float>{-0.0f, -0.0f, 1.0f});
+    on_ranks(world, [&](int rank) { comm.all_reduce(rank, x[size_t(rank)].data(), 3); });
+    for (int r = 0; r < world; r++) {
+      EXPECT_TRUE(x[size_t(r)][0] == 0.0f && std::signbit(x[size_t(r)][0])) << "world " << world << " rank " << r;
+      EXPECT_TRUE(std::signbit(x[size_t(r)][1])) << "world " << world << " rank " << r;
+      EXPECT_EQ(x[size_t(r)][2], float(world));
     }
   }
 }

@@ -202,6 +202,39 @@ TEST(Ch07_TopKTopP, TiedScoresGoToTheFirstCandidateScanned) {
   EXPECT_EQ(sample_row_top_k_top_p_cpu(logits.data(), 3, row), 1) << "the kernel's algorithm";
 }
 
+// The other half of the rule above: with the larger logit at the lower id, an exact tie of scores stays with it (the
+// larger key first, sampler_top_k_top_p_cpu.cpp), not with the later id scanned. A (seed, step) where token 1's noise
+// is the larger lets token 1's logit a < 1 tie token 0's score 1 + g0 bit for bit.
+TEST(Ch07_TopKTopP, TiedScoresStayWithTheLargerLogitAtTheLowerId) {
+  const uint64_t seed = 7;
+  bool found = false;
+  for (uint64_t step = 0; step < 64 && !found; step++) {
+    const float g0 = gumbel_noise(seed, step, 0), g1 = gumbel_noise(seed, step, 1);
+    if (!(g1 > g0)) continue;
+    const float target = 1.0f + g0;
+    float a = target - g1;
+    for (int i = 0; i < 64 && a + g1 != target; i++) a = std::nextafter(a, a + g1 < target ? INFINITY : -INFINITY);
+    if (a + g1 != target || !(a < 1.0f)) continue;
+    found = true;
+    const std::vector<float> logits = {1.0f, a, -100.0f};
+    const SamplingRow row{1.0f, 2, 1.0f, seed, step};
+    EXPECT_EQ(sample_row_cpu(logits.data(), 3, row), 0) << "the definition: most likely first, step " << step;
+    EXPECT_EQ(sample_row_top_k_top_p_cpu(logits.data(), 3, row), 0) << "the kernel's algorithm, step " << step;
+  }
+  ASSERT_TRUE(found) << "no exact tie with the larger noise at id 1";
+}
+
+// Masses are relative to the largest logit wherever it is, id 0 included: with id 0 far the most likely (8 above the
+// other 999 at T = 0.5, probability 1 / (1 + 999 e^-16) > 0.9999), top_p 0.9 keeps it alone and it is always drawn.
+TEST(Ch07_TopKTopP, TheLargestLogitAtIdZeroIsWhereTheMassesStart) {
+  std::vector<float> logits(1000, 0.0f);
+  logits[0] = 8.0f;
+  SamplingRow row{0.5f, 0, 0.9f, 3, 0};
+  EXPECT_EQ(kept_ids_of(logits, row), std::vector<int>{0});
+  EXPECT_EQ(definition(logits, row), std::vector<int>{0});
+  for (row.step = 0; row.step < 16; row.step++) EXPECT_EQ(sample_row_top_k_top_p_cpu(logits.data(), 1000, row), 0);
+}
+
 TEST(Ch07_TopKTopP, TopPReachedExactlyKeepsNoMore) {
   // Two equal logits: the first candidate (the lower id) has probability exactly 0.5, so top_p 0.5 is
   // reached by it alone and the other is never drawn; just above 0.5 both are kept.

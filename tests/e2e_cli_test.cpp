@@ -271,6 +271,41 @@ TEST(E2E_Cli, TextCommandsNameTheLineOfABadValue) {
   EXPECT_TRUE(test::is_one_error_line(no_file.err)) << no_file.err;
 }
 
+// detokenize checks each id as written, a 64-bit JSON integer, before it becomes a 32-bit id: -4294967295 is
+// -(2^32 - 1), which a cast to int32 would wrap to 1 (a valid id); it is refused as the unknown id it is.
+TEST(E2E_Cli, DetokenizeRefusesANegativeIdThatWouldWrapToAValidOne) {
+  auto r = run_nanovllm("detokenize", "[-4294967295]\n");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: stdin line 1: unknown token id -4294967295 (the vocabulary has ids 0..151668)\n");
+  EXPECT_EQ(r.out, "");
+}
+
+// A token id that is not a JSON integer is named as such, with the value as written (text.cpp's detokenize), not
+// with the JSON reader's generic "expected an integer".
+TEST(E2E_Cli, DetokenizeNamesAnIdThatIsNoInteger) {
+  for (const std::string& id : {"1.5", "true", "\"7\""}) {
+    auto r = run_nanovllm("detokenize", "[" + id + "]\n");
+    EXPECT_EQ(r.exit_code, 1) << id;
+    EXPECT_EQ(r.err, "error: stdin line 1: token ids must be integers, got " + id + "\n");
+  }
+}
+
+// bench-tokenizer repeats the text "until at least 20 MB have been encoded" (text.cpp): ceil(20 / MB) passes. A
+// 3,000,000-byte file takes 7 passes (6 would be 18 MB), a 4,000,000-byte one exactly 5 (20 MB, no sixth).
+TEST(E2E_Cli, BenchTokenizerEncodesAtLeast20MegabytesInWholePasses) {
+  test::TempDir dir;
+  for (const auto& [bytes, line] : {std::pair<size_t, std::string>{3000000, "encoded 3.00 MB (1 files) x 7 passes = 21.0 MB, "},
+                                    {4000000, "encoded 4.00 MB (1 files) x 5 passes = 20.0 MB, "}}) {
+    std::string text;
+    while (text.size() < bytes) text += "hello world ";
+    text.resize(bytes);
+    write_file(dir / "text", text);
+    auto r = run_nanovllm("bench-tokenizer --file " + dir / "text");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.rfind(line, 0), 0u) << r.out;
+  }
+}
+
 TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   // bench.py's RNG stream, cut short: Python gives 603 prompt and 437 output tokens for 4 requests with
   // max_input_len 200 and max_output_len 120 (random.seed(0); randint as bench.py draws them).
@@ -563,6 +598,17 @@ TEST(E2E_Cli, SummaryLinesSayWhereItRanAndCountInEnglish) {
   EXPECT_EQ(r.err.rfind("device cpu: ", 0), 0u) << r.err;  // the first line: device and KV blocks
   EXPECT_NE(r.err.find(" KV blocks of 256 tokens"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\n1 request: 3 tokens computed in 1 prefill step ("), std::string::npos) << r.err;
+}
+
+// The summary counts in English, zero in the plural ("0 steps"; only 1 is singular), and over two tensor-parallel
+// ranks a line says that each rank ran every step: --max-tokens 1 is one prefill step and no decode step.
+TEST(E2E_Cli, SummaryOfOnePrefillStepOnTwoRanks) {
+  auto r = run_nanovllm("generate --device cpu --model " + golden_model("tiny-qwen3-a") +
+                        " --prompt-ids 1,2,3 --max-tokens 1 --temperature 0 --tensor-parallel-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("\n1 request: 3 tokens computed in 1 prefill step ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(", 0 decode tokens in 0 steps ("), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\ntensor parallel: 2 ranks, steps run by each: 1 1\n"), std::string::npos) << r.err;
 }
 
 TEST(E2E_Cli, BenchStepCountsEachOperationPerStep) {

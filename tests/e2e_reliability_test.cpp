@@ -456,6 +456,48 @@ TEST(E2E_Reliability, BlankLinesKeepOutputAlignedWithInput) {
   }
 }
 
+// A blank line gives a blank line (text.cpp) in a file of CRLF lines too: "\r" alone is blank, as " " and "\t" are,
+// not a JSON value to parse. The answers are those of the LF lines ("a" and "b" are GPT-2 byte tokens 64 and 65).
+TEST(E2E_Reliability, CrlfBlankLinesKeepOutputAlignedWithInput) {
+  auto lf = run_nanovllm("tokenize", "\"a\"\n\n\"b\"\n");
+  ASSERT_EQ(lf.exit_code, 0) << lf.err;
+  EXPECT_EQ(lf.out, "[64]\n\n[65]\n");
+  auto crlf = run_nanovllm("tokenize", "\"a\"\r\n\r\n\"b\"\r\n");
+  EXPECT_EQ(crlf.exit_code, 0) << crlf.err;
+  EXPECT_EQ(crlf.out, lf.out);
+}
+
+// A --requests line's "ignore_eos": true is that request's own (generate.cpp): it generates its max_tokens past the
+// model's EOS, while the line beside it without the field stops at the EOS (kept as its last token). The EOS is made
+// one the greedy run meets: model A copied with its third greedy token declared the eos_token_id.
+TEST(E2E_Reliability, ARequestsOwnIgnoreEosGoesPastTheEos) {
+  auto token_ids = [](const std::string& line) {
+    std::vector<int32_t> ids;
+    const Json out = Json::parse(line, "out");
+    for (const Json& t : out.at("token_ids").as_array()) ids.push_back(int32_t(t.as_int64()));
+    return ids;
+  };
+  auto free = run_nanovllm("generate" + kCpuA + " --prompt-ids 1,2,3 --max-tokens 8 --temperature 0 --json");
+  ASSERT_EQ(free.exit_code, 0) << free.err;
+  const std::vector<int32_t> free_run = token_ids(free.out);
+  ASSERT_EQ(free_run.size(), 8u);
+  const int32_t eos = free_run[2];
+  const size_t first = size_t(std::find(free_run.begin(), free_run.end(), eos) - free_run.begin());
+  ScratchDir dir;
+  copy_model_editing_config(kModelA, dir.path, [&](Json& config) { config.set("eos_token_id", int64_t(eos)); });
+  Json generation = Json::parse(read_file(kModelA + "/generation_config.json"), "generation_config.json");
+  generation.set("eos_token_id", int64_t(eos));
+  write_file(dir.path + "/generation_config.json", generation.dump());
+  const std::string request = "{\"prompt_token_ids\": [1, 2, 3], \"max_tokens\": 8, \"temperature\": 0";
+  auto r = run_nanovllm("generate --device cpu --model " + dir.path + " --json --requests -",
+                        request + "}\n" + request + ", \"ignore_eos\": true}\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t newline = r.out.find('\n');
+  ASSERT_NE(newline, std::string::npos) << r.out;
+  EXPECT_EQ(token_ids(r.out.substr(0, newline)), std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));
+  EXPECT_EQ(token_ids(r.out.substr(newline + 1)), free_run);
+}
+
 TEST(E2E_Reliability, LogitsTakeAPromptOfExactlyMaxModelLen) {
   // The logits command generates nothing, yet was refused when prompt + 1 exceeded max_model_len.
   const std::string args = "logits" + kCpuA + " --prompt-ids 5,6,7,8";

@@ -89,6 +89,84 @@ TEST(E2E_Requests, EachRequestTakesItsOwnSamplingParams) {
   EXPECT_EQ(token_ids(mixed_out[1]), token_ids(out[0]));
 }
 
+// A request's integers are checked as written, before they become 32-bit ints: 2^32 + 1 would wrap to 1 (a valid
+// max_tokens and token id) and 2^32 to 0 (top_k off). Each is refused, named with its field's range.
+TEST(E2E_Requests, IntegersPastTheirRangeAreNamedNotWrapped) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"{\"prompt_token_ids\": [1], \"max_tokens\": 4294967297}\n",
+       "error: stdin line 1: max_tokens: expected an integer in [1, 2147483647], got 4294967297"},
+      {"{\"prompt_token_ids\": [4294967297]}\n",
+       "error: stdin line 1: prompt_token_ids[0]: expected an integer in [0, 2147483647], got 4294967297"},
+      {"{\"prompt_token_ids\": [1], \"top_k\": 4294967296}\n",
+       "error: stdin line 1: top_k: expected an integer in [0, 2147483647], got 4294967296"},
+  };
+  for (const auto& [input, error] : cases) {
+    auto r = run_nanovllm("generate" + kCpuA + " --max-tokens 1 --requests -", input);
+    EXPECT_EQ(r.exit_code, 1) << input;
+    EXPECT_EQ(r.out, "") << input;
+    EXPECT_EQ(test::last_error_line(r.err), error + "\n") << input << r.err;
+  }
+}
+
+// The chat-template command renders each request as transformers renders Qwen3's template, with its own
+// add_generation_prompt and enable_thinking: chat_public.json holds transformers' text for each case.
+TEST(E2E_Requests, ChatTemplateCommandRendersAsTransformers) {
+  Json cases = test::read_json(test::data_path("golden/chat_public.json"));
+  std::string input;
+  for (const Json& c : cases.as_array()) {
+    Json line = Json::object();
+    line.set("messages", c.at("messages"));
+    line.set("add_generation_prompt", c.at("add_generation_prompt"));
+    line.set("enable_thinking", c.at("enable_thinking"));
+    input += line.dump() + "\n";
+  }
+  auto r = run_nanovllm("chat-template", input);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<Json> out = json_lines(r.out);
+  ASSERT_EQ(out.size(), cases.size());
+  for (size_t i = 0; i < out.size(); i++) EXPECT_EQ(out[i].as_string(), cases.as_array()[i].at("text").as_string()) << i;
+}
+
+// A prompt for the chat template on a model folder without tokenizer.json is the missing tokenizer's mistake, named
+// with its fix (generate.cpp checks the template only where a tokenizer.json is), as it is without --chat.
+TEST(E2E_Requests, ChatOnAModelWithoutATokenizerNamesTheMissingTokenizer) {
+  const std::string model = test::data_path("golden/tiny-qwen3-a");
+  auto chat = run_nanovllm("generate" + kCpuA + " --chat --prompt hi");
+  EXPECT_EQ(chat.exit_code, 1);
+  EXPECT_EQ(chat.err, "error: --prompt TEXT needs a tokenizer: " + model + " has no tokenizer.json (give --tokenizer DIR)\n");
+  auto messages = run_nanovllm("generate" + kCpuA + " --requests -", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+  EXPECT_EQ(messages.exit_code, 1);
+  EXPECT_EQ(messages.err, "error: stdin line 1: a text prompt needs a tokenizer: " + model +
+                              " has no tokenizer.json (give --tokenizer DIR)\n");
+}
+
+// --no-thinking reaches a --requests line's "prompt" under --chat as it reaches --prompt (generate.cpp): one user turn
+// with the template's empty thought, the ids transformers gives for that turn with enable_thinking false.
+TEST(E2E_Requests, NoThinkingReachesARequestsPromptUnderChat) {
+  Json cases = test::read_json(test::data_path("golden/chat_public.json"));
+  const Json& unthinking = cases.as_array()[1];
+  ASSERT_FALSE(unthinking.at("enable_thinking").as_bool());
+  ASSERT_TRUE(unthinking.at("add_generation_prompt").as_bool());
+  ASSERT_EQ(unthinking.at("messages").size(), 1u);
+  const std::string content = unthinking.at("messages").as_array()[0].at("content").dump();
+  auto r = run_nanovllm("generate --device cpu --max-tokens 1 --json --chat --no-thinking --requests -",
+                        "{\"prompt\": " + content + "}\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_lines(r.out).at(0).at("prompt_token_ids").dump(), unthinking.at("ids").dump());
+}
+
+// Blank lines separate requests (generate.cpp), in a file of CRLF lines too: "\r" alone is a blank line, not a request
+// to parse. Two requests, in order.
+TEST(E2E_Requests, CrlfBlankLinesSeparateRequests) {
+  auto r = run_nanovllm("generate" + kCpuA + " --max-tokens 1 --json --requests -",
+                        "{\"prompt_token_ids\": [1]}\r\n\r\n{\"prompt_token_ids\": [2, 3]}\r\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<Json> out = json_lines(r.out);
+  ASSERT_EQ(out.size(), 2u) << r.out;
+  EXPECT_EQ(out[0].at("prompt_token_ids").dump(), "[1]");
+  EXPECT_EQ(out[1].at("prompt_token_ids").dump(), "[2,3]");
+}
+
 TEST(E2E_Requests, MessagesAreRenderedAsTransformersRendersQwen3sTemplate) {
   // chat_public.json: conversations rendered and tokenized by transformers. On the embedded default (the real
   // tokenizer), a request's prompt ids must be those, with or without thinking.

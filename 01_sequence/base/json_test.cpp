@@ -9,6 +9,7 @@
 #include <random>
 
 #include "01_sequence/base/common.h"
+#include "01_sequence/base/utf8.h"
 
 using nanovllm::Error;
 using nanovllm::Json;
@@ -238,4 +239,47 @@ TEST(Ch01_Json, FloatWriterIsShortestRoundTrip) {
     nanovllm::json_append_float(out, f);
     ASSERT_EQ(float(Json::parse(out, "t").as_double()), f) << out;
   }
+}
+
+// utf8.h against RFC 3629's table: utf8_decode refuses code points past U+10FFFF, every surrogate (U+D800-U+DFFF, the
+// last one too), a continuation byte that is no 10xxxxxx, and a sequence cut by the end of its range even where the
+// bytes after the range would complete it; utf8_append uses 2 bytes up to U+07FF, 3 up to U+FFFF, 4 beyond; check_utf8
+// names the first byte that starts no character, 0x80 included.
+TEST(Ch01_Utf8, DecodeEncodeAndCheckFollowRfc3629) {
+  auto decode = [](const std::string& s) {
+    uint32_t cp = 0;
+    return nanovllm::utf8_decode(s.data(), s.size(), &cp);
+  };
+  EXPECT_EQ(decode("\xF4\x8F\xBF\xBF"), 4u);  // U+10FFFF, the last code point
+  EXPECT_EQ(decode("\xF4\x90\x80\x80"), 0u);  // U+110000
+  EXPECT_EQ(decode("\xED\x9F\xBF"), 3u);      // U+D7FF
+  EXPECT_EQ(decode("\xED\xA0\x80"), 0u);      // U+D800
+  EXPECT_EQ(decode("\xED\xBF\xBF"), 0u);      // U+DFFF
+  EXPECT_EQ(decode("\xEE\x80\x80"), 3u);      // U+E000
+  EXPECT_EQ(decode("\xC3\xC3"), 0u);          // 11xxxxxx is no continuation
+  EXPECT_EQ(decode("\xC3\xA9"), 2u);          // U+00E9
+  EXPECT_EQ(decode("\xC0\x80"), 0u);          // overlong U+0000
+  const std::string euro = "\xE2\x82\xAC";    // U+20AC
+  uint32_t cp = 0;
+  EXPECT_EQ(nanovllm::utf8_decode(euro.data(), 3, &cp), 3u);
+  EXPECT_EQ(cp, 0x20ACu);
+  EXPECT_EQ(nanovllm::utf8_decode(euro.data(), 2, &cp), 0u);  // the range ends inside the character
+  auto encode = [](uint32_t c) {
+    std::string out;
+    nanovllm::utf8_append(out, c);
+    return out;
+  };
+  EXPECT_EQ(encode(0x7F), "\x7F");
+  EXPECT_EQ(encode(0x7FF), "\xDF\xBF");
+  EXPECT_EQ(encode(0x800), "\xE0\xA0\x80");
+  EXPECT_EQ(encode(0xFFFF), "\xEF\xBF\xBF");
+  EXPECT_EQ(encode(0x10000), "\xF0\x90\x80\x80");
+  EXPECT_EQ(encode(0x10FFFF), "\xF4\x8F\xBF\xBF");
+  std::string error;
+  try {
+    nanovllm::check_utf8("ab\x80", "t");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error, "t: invalid UTF-8 at byte offset 2 (byte 0x80)");
 }

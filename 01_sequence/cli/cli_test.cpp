@@ -85,6 +85,43 @@ TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
   EXPECT_EQ(parse({"--prompt-ids", "--5"}).get("prompt-ids"), "--5");
 }
 
+// Ranges are closed at both ends unless open_low (flags.h: "[lo, hi] (or (lo, hi] with open_low)"): each end is a
+// value the flag takes, and only an open low end refuses itself, named "(lo, hi]". An empty value is refused for
+// every flag but --prompt, whose empty text is a prompt (flags.cpp), given as "--prompt ''" or "--prompt=".
+TEST(Ch01_Cli, RangesTakeTheirEndsAndOnlyThePromptMayBeEmpty) {
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return Flags(int(argv.size()), argv.data(), {"temperature", "top-p", "max-tokens", "prompt"}, {});
+  };
+  EXPECT_EQ(parse({"--temperature", "0"}).get_double("temperature", 1, 0, 100), 0.0);
+  EXPECT_EQ(parse({"--temperature", "100"}).get_double("temperature", 1, 0, 100), 100.0);
+  EXPECT_EQ(parse({"--top-p", "1"}).get_double("top-p", 1, 0, 1, /*open_low=*/true), 1.0);
+  EXPECT_EQ(error_of([&] { parse({"--top-p", "0"}).get_double("top-p", 1, 0, 1, /*open_low=*/true); }),
+            "--top-p must be in (0, 1], got 0");
+  EXPECT_EQ(parse({"--max-tokens", "1"}).get_int("max-tokens", 5, 1, 8), 1);
+  EXPECT_EQ(parse({"--max-tokens", "8"}).get_int("max-tokens", 5, 1, 8), 8);
+  for (const std::vector<std::string>& empty : {std::vector<std::string>{"--prompt", ""}, {"--prompt="}}) {
+    const Flags flags = parse(empty);
+    EXPECT_TRUE(flags.has("prompt"));
+    EXPECT_EQ(flags.get("prompt", "fallback"), "");
+  }
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens="}); }), "flag --max-tokens needs a value, got ''");
+}
+
+// --collectives takes exactly spin (the default) and events (flags.h); anything else is a usage error naming it.
+TEST(Ch01_Cli, CollectivesAreSpinOrEvents) {
+  auto collectives = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return collectives_from(Flags(int(argv.size()), argv.data(), {"collectives"}, {}));
+  };
+  EXPECT_EQ(collectives({}), "spin");
+  EXPECT_EQ(collectives({"--collectives", "spin"}), "spin");
+  EXPECT_EQ(collectives({"--collectives", "events"}), "events");
+  EXPECT_EQ(error_of([&] { collectives({"--collectives", "nccl"}); }), "--collectives must be spin or events, got 'nccl'");
+}
+
 // Every argument is a flag or a flag's value: a stray word (a value given twice, a quoted prompt split by the shell)
 // is a usage error naming it, never ignored.
 TEST(Ch01_Cli, AnArgumentThatIsNoFlagIsRefused) {
@@ -194,6 +231,41 @@ TEST(Ch01_Files, AnAtomicWriteLeavesTheFileOrNothing) {
   write_file(dir / "done", "text");
   EXPECT_EQ(read_file(dir / "done"), "text");
   EXPECT_EQ(entries(dir.path()), (std::set<std::string>{"done", "folder"}));
+}
+
+// read_file (files.h): a folder is refused with the documented reason "it is a directory", not the "not a regular
+// file" of a FIFO or a device (open() of a folder for reading succeeds on Linux; the check is on the descriptor).
+TEST(Ch01_Files, ReadingAFolderSaysItIsADirectory) {
+  TempDir dir;
+  EXPECT_EQ(error_of([&] { read_file(dir.path()); }), dir.path() + ": cannot read: it is a directory");
+}
+
+// read_file's FileLimit (files.h) is the most a file may hold: a file of exactly the limit is read whole, one byte
+// more is refused, naming its size and the limit (here 1 MiB).
+TEST(Ch01_Files, AFileOfExactlyItsLimitIsReadAndOneByteMoreIsNot) {
+  TempDir dir;
+  const FileLimit mib{1LL << 20, "a test file"};
+  write_file(dir / "exact", std::string(size_t(1) << 20, 'x'));
+  write_file(dir / "over", std::string((size_t(1) << 20) + 1, 'x'));
+  EXPECT_EQ(error_of([&] { EXPECT_EQ(read_file(dir / "exact", mib).size(), size_t(1) << 20); }), "");
+  EXPECT_EQ(error_of([&] { read_file(dir / "over", mib); }),
+            dir / "over" + ": cannot read: 1048577 bytes, more than the 1 MiB a test file may hold");
+}
+
+// A read that fails rather than ends is an error, never a short or empty file (files.h, flags.h): /proc/self/mem is a
+// regular file of size 0 whose read at offset 0 (an unmapped address) fails with EIO.
+TEST(Ch01_Files, AReadThatFailsIsAnErrorNotAnEmptyFile) {
+  if (!is_regular_file("/proc/self/mem")) GTEST_SKIP() << "no /proc/self/mem here (not Linux's procfs)";
+  EXPECT_EQ(error_of([] { read_file("/proc/self/mem"); }), "/proc/self/mem: read failed");
+}
+
+// is_regular_file (files.h) answers for a regular file only: a folder, or nothing, at the path is not one.
+TEST(Ch01_Files, AFolderIsNoRegularFile) {
+  TempDir dir;
+  write_string(dir / "file", "x");
+  EXPECT_TRUE(is_regular_file(dir / "file"));
+  EXPECT_FALSE(is_regular_file(dir.path()));
+  EXPECT_FALSE(is_regular_file(dir / "missing"));
 }
 
 TEST(Ch01_Cli, RandomModelNamesTheFlagThatIsMissing) {

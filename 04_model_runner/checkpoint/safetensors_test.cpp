@@ -290,6 +290,39 @@ TEST(Ch04_Safetensors, ReadAsFloatConvertsEachFloatType) {
             dir / "x.safetensors" + ": tensor 'i64' is I64, not a float type (BF16, F16 or F32)");
 }
 
+// bf16.h's host conversions, known answers worked out from the formats. float_to_bf16 rounds to nearest, ties to even
+// (1 + 2^-8 is halfway between 1 and 1 + 2^-7: down to the even 0x3f80; 1 + 3 2^-8 halfway between 0x3f81 and 0x3f82:
+// up to the even 0x3f82), keeps infinities, and keeps a NaN a NaN, quiet, even one whose payload is only in the low
+// 16 bits it drops. fp16_to_float keeps the sign of zero and of subnormals (mantissa m: m 2^-24) and a NaN a NaN.
+TEST(Ch04_Safetensors, Bf16AndFp16ConversionsKnownAnswers) {
+  auto bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);  // above half: up
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8) - std::ldexp(1.0f, -20)), 0x3f80);  // below half: down
+  EXPECT_EQ(float_to_bf16(INFINITY), 0x7f80);
+  EXPECT_EQ(float_to_bf16(-INFINITY), 0xff80);
+  EXPECT_EQ(float_to_bf16(bits(0x7f7fffff)), 0x7f80);  // FLT_MAX rounds up to infinity, as torch rounds it
+  EXPECT_EQ(float_to_bf16(bits(0x7fc00000)), 0x7fc0);
+  for (uint32_t nan : {0x7f800001u, 0xff800001u, 0x7f80ffffu}) {
+    const uint16_t h = float_to_bf16(bits(nan));
+    EXPECT_TRUE(std::isnan(bf16_to_float(h))) << std::hex << nan << " -> " << h;
+    EXPECT_TRUE(h & 0x0040) << std::hex << nan << " -> " << h << " is not a quiet NaN";
+  }
+  EXPECT_EQ(fp16_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(fp16_to_float(0x0400), std::ldexp(1.0f, -14));  // the smallest normal
+  EXPECT_EQ(fp16_to_float(0x0200), std::ldexp(1.0f, -15));  // subnormal 512 2^-24
+  EXPECT_EQ(fp16_to_float(0x8001), -std::ldexp(1.0f, -24));
+  EXPECT_TRUE(fp16_to_float(0x8000) == 0.0f && std::signbit(fp16_to_float(0x8000)));
+  EXPECT_EQ(fp16_to_float(0xfc00), -INFINITY);
+  EXPECT_TRUE(std::isnan(fp16_to_float(0x7c01)));
+  EXPECT_TRUE(std::isnan(fp16_to_float(0xfe00)));
+}
+
 TEST(Ch04_Safetensors, ReadAsFloatRefusesNaNAndInfinity) {
   // A NaN weight made every logit NaN, found only at the first step, with no tensor named. Each float type's
   // patterns with an exponent of all ones: NaN, +Inf, -Inf; beside them the largest finite values, which
