@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "01_sequence/cli/flags.h"
 #include "04_model_runner/checkpoint/config.h"
@@ -13,13 +16,22 @@
 using namespace nanovllm;
 using namespace nanovllm::test;
 
+namespace {
+
+// Flags parsed from `args` as a command's argv after its name, with the command's value and boolean flags.
+Flags parse_flags(std::vector<std::string> args, const std::vector<std::string>& value_flags,
+                  const std::vector<std::string>& bool_flags) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return Flags(int(argv.size()), argv.data(), value_flags, bool_flags);
+}
+
+}  // namespace
+
 TEST(Ch01_Cli, RandomModelCommand) {
   TempDir dir;
   auto run = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {"force"});
-    return cmd_random_model(flags);
+    return cmd_random_model(parse_flags(std::move(args), {"preset", "out", "seed", "tokenizer"}, {"force"}));
   };
   EXPECT_THROW(run({"--preset", "tiny"}), UsageError);         // no --out
   EXPECT_THROW(run({"--out", dir / "m"}), UsageError);          // no --preset
@@ -51,9 +63,7 @@ TEST(Ch01_Cli, RandomModelCommand) {
 
 TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
   auto parse = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return Flags(int(argv.size()), argv.data(), {"temperature", "max-tokens", "prompt", "prompt-ids"}, {"chat"});
+    return parse_flags(std::move(args), {"temperature", "max-tokens", "prompt", "prompt-ids"}, {"chat"});
   };
   auto temperature = [&](const std::string& text) { return parse({"--temperature", text}).get_double("temperature", 1, 0, 100); };
   // Decimal numbers, as get_int takes integers; strtod alone took leading space, hex and "inf".
@@ -90,9 +100,7 @@ TEST(Ch01_Cli, FlagValuesAreReadAsWrittenOrRefused) {
 // every flag but --prompt, whose empty text is a prompt (flags.cpp), given as "--prompt ''" or "--prompt=".
 TEST(Ch01_Cli, RangesTakeTheirEndsAndOnlyThePromptMayBeEmpty) {
   auto parse = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return Flags(int(argv.size()), argv.data(), {"temperature", "top-p", "max-tokens", "prompt"}, {});
+    return parse_flags(std::move(args), {"temperature", "top-p", "max-tokens", "prompt"}, {});
   };
   EXPECT_EQ(parse({"--temperature", "0"}).get_double("temperature", 1, 0, 100), 0.0);
   EXPECT_EQ(parse({"--temperature", "100"}).get_double("temperature", 1, 0, 100), 100.0);
@@ -112,9 +120,7 @@ TEST(Ch01_Cli, RangesTakeTheirEndsAndOnlyThePromptMayBeEmpty) {
 // --collectives takes exactly spin (the default) and events (flags.h); anything else is a usage error naming it.
 TEST(Ch01_Cli, CollectivesAreSpinOrEvents) {
   auto collectives = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return collectives_from(Flags(int(argv.size()), argv.data(), {"collectives"}, {}));
+    return collectives_from(parse_flags(std::move(args), {"collectives"}, {}));
   };
   EXPECT_EQ(collectives({}), "spin");
   EXPECT_EQ(collectives({"--collectives", "spin"}), "spin");
@@ -126,9 +132,7 @@ TEST(Ch01_Cli, CollectivesAreSpinOrEvents) {
 // is a usage error naming it, never ignored.
 TEST(Ch01_Cli, AnArgumentThatIsNoFlagIsRefused) {
   auto parse = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return Flags(int(argv.size()), argv.data(), {"max-tokens"}, {"json"});
+    return parse_flags(std::move(args), {"max-tokens"}, {"json"});
   };
   EXPECT_EQ(error_of([&] { parse({"stray"}); }), "unexpected argument 'stray'");
   EXPECT_EQ(error_of([&] { parse({"--max-tokens", "2", "3"}); }), "unexpected argument '3'");
@@ -139,9 +143,7 @@ TEST(Ch01_Cli, AnArgumentThatIsNoFlagIsRefused) {
 // nothing else: no sign, no hex, no white space, nothing past 2^64 - 1.
 TEST(Ch01_Cli, IntegerValuesAreReadWholeOrRefused) {
   auto parse = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    return Flags(int(argv.size()), argv.data(), {"seed", "max-tokens"}, {});
+    return parse_flags(std::move(args), {"seed", "max-tokens"}, {});
   };
   auto seed = [&](const std::string& text) { return parse({"--seed", text}).get_uint64("seed", 7); };
   EXPECT_EQ(parse({}).get_uint64("seed", 7), 7u);
@@ -272,10 +274,7 @@ TEST(Ch01_Cli, RandomModelNamesTheFlagThatIsMissing) {
   // Without --preset or --out the usage error says which flag is required, not that the empty preset is
   // unknown (an unknown preset is a different mistake, with its own message above).
   auto run = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    Flags flags(int(argv.size()), argv.data(), {"preset", "out", "seed", "tokenizer"}, {"force"});
-    return cmd_random_model(flags);
+    return cmd_random_model(parse_flags(std::move(args), {"preset", "out", "seed", "tokenizer"}, {"force"}));
   };
   TempDir dir;
   EXPECT_EQ(error_of([&] { run({"--out", dir / "m"}); }), "--preset PRESET is required");
