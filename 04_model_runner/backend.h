@@ -185,6 +185,26 @@ class Backend {
     linear(hidden, x, weight);
     add_rmsnorm(out, residual, hidden, norm_weight, eps);
   }
+  // Attention and o_proj with the MLP's norm, with one rank: qk_norm_rope_store_attention(attn_out, ...), then
+  // linear_add_rmsnorm(out, residual, hidden, attn_out, o_proj, norm_weight, eps). By default the two (the
+  // spec). A backend that lets the projection merge attention's split partials (the GPU at one decode sequence:
+  // 05_attention's decode_attention_o_proj_cuda) says so in fuses_attention_o_proj and overrides this; then
+  // hidden is not written, attn_out and the cache are the same bits, and out and residual are within the
+  // projection's rounding (o_proj's sum is taken in another order).
+  virtual bool fuses_attention_o_proj(const AttentionMetadata& /*meta*/, const AttentionShape& /*shape*/) const {
+    return false;
+  }
+  virtual void attention_o_proj_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden,
+                                            const Tensor& attn_out, const Tensor& qkv, const Tensor& q_norm,
+                                            const Tensor& k_norm, const Tensor& positions, const Tensor& cos,
+                                            const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                            const HeadLayout& heads, float eps, const AttentionMetadata& meta,
+                                            const AttentionShape& shape, const Tensor& o_proj,
+                                            const Tensor& norm_weight) {
+    qk_norm_rope_store_attention(attn_out, qkv, q_norm, k_norm, positions, cos, sin, k_cache, v_cache, heads, eps,
+                                 meta, shape);
+    linear_add_rmsnorm(out, residual, hidden, attn_out, o_proj, norm_weight, eps);
+  }
   // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
   virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
   // out (n, inter) act = silu_and_mul(linear(x, weight)): the MLP's gate_up projection, weight (2 inter, in)

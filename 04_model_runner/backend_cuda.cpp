@@ -223,6 +223,34 @@ class CudaBackend final : public Backend {
                                 i32(m.context_lens), i32(m.block_tables), int(m.block_tables.shape[1]), m.num_seqs,
                                 m.max_context_len, s, f32(m.scratch), attention_version_, qk, stream_);
   }
+  bool fuses_attention_o_proj(const AttentionMetadata& m, const AttentionShape& s) const override {
+    // At one decode sequence, where v10's 16 splits would need a combine kernel or v11's cluster: 0.04-0.06 ms
+    // a step (05_attention/NOTES.md, "What the splits' merge costs at one to eight sequences"). The norm adds
+    // the KV heads' shares from version 8's partials buffer (so only with linear version 8, the default).
+    return group_.size == 1 && partials_.data() && s.num_kv_heads <= kWgmmaMaxSplits && !m.is_prefill &&
+           decode_attention_o_proj_fits(attention_version_, m.num_seqs, s);
+  }
+  void attention_o_proj_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden,
+                                    const Tensor& attn_out, const Tensor& qkv, const Tensor& q_norm,
+                                    const Tensor& k_norm, const Tensor& positions, const Tensor& cos,
+                                    const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                    const HeadLayout& h, float eps, const AttentionMetadata& m,
+                                    const AttentionShape& s, const Tensor& o_proj, const Tensor& norm_weight) override {
+    const int out_features = int(o_proj.shape[0]);
+    if (!fuses_attention_o_proj(m, s) || int64_t(s.num_kv_heads) * out_features * 4 > int64_t(partials_.bytes())) {
+      Backend::attention_o_proj_add_rmsnorm(out, residual, hidden, attn_out, qkv, q_norm, k_norm, positions, cos, sin,
+                                            k_cache, v_cache, h, eps, m, s, o_proj, norm_weight);
+      return;
+    }
+    float* partials = static_cast<float*>(partials_.data());
+    const QkNormRopeInputs qk{b16(q_norm), b16(k_norm), f32(cos), f32(sin), i32(positions), i32(m.slot_mapping), eps};
+    decode_attention_o_proj_cuda(partials, b16(o_proj), out_features, b16(attn_out), b16(qkv), qkv.row_size(),
+                                 b16(k_cache), b16(v_cache), i32(m.context_lens), i32(m.block_tables),
+                                 int(m.block_tables.shape[1]), m.max_context_len, s, f32(m.scratch),
+                                 attention_version_, qk, stream_);
+    add_rmsnorm_partials_cuda(b16(out), b16(residual), partials, s.num_kv_heads, b16(norm_weight), 1, out_features,
+                              eps, stream_);
+  }
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override {
     silu_and_mul_cuda(b16(out), b16(gate_up), int(out.rows()), int(out.row_size()), stream_);
   }

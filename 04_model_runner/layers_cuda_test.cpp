@@ -11,6 +11,7 @@
 
 #include "04_model_runner/layers.h"
 #include "05_attention/attention.h"
+#include "06_tensor_parallel/linear.h"
 #include "tests/cuda_test_util.h"
 
 using namespace nanovllm;
@@ -302,6 +303,110 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreInsideDecodeAttention) {
   // The other versions cannot: the backend runs them as two launches.
   EXPECT_FALSE(decode_attention_fuses_qk_norm_rope(2, AttentionShape{16, 8, 128, 16, 0.088f}));
   EXPECT_FALSE(decode_attention_fuses_qk_norm_rope(10, AttentionShape{16, 8, 96, 16, 0.1f}));  // v0 runs head_dim 96
+}
+
+// Backend::attention_o_proj_add_rmsnorm on the GPU at one decode sequence: decode attention (v10's kernel,
+// with its qk-norm, RoPE and KV write) whose split partials o_proj merges (decode_attention_o_proj_cuda), then
+// the norm adding the KV heads' shares (add_rmsnorm_partials_cuda). Against v10 with its combine kernel (the
+// same bits in attention's output and in both caches), each KV head's share against its columns' products
+// on the CPU from that output, and the whole against the CPU spec (qk_norm_rope_store_cpu, decode_attention_cpu,
+// linear_cpu, add_rmsnorm_cpu). Cases: Qwen3-0.6B's heads (16 splits) at contexts of 1,000 and of one key (in a
+// grid sized for 4,096), a padding row (context 0: zeros); 4 query heads a KV head (512 columns, two chunks a
+// lane) and an output count that is not a multiple of 64; head_dim 64; the tiny test models' 2 KV heads (64
+// splits: the merge in rounds of 16) with 2 and 3 query heads each, and with 4 (two chunks a lane, in rounds).
+TEST(Ch04_LayersCuda, OProjMergesDecodeAttentionsSplitsAtOneSequence) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(11);
+  struct Case { int heads, kv_heads, head_dim, block_size, context, grid_context, hidden; };
+  const std::vector<Case> cases = {{16, 8, 128, 16, 1000, 0, 1024}, {16, 8, 128, 256, 1, 4096, 1024},
+                                   {16, 8, 128, 16, 0, 1024, 1024}, {32, 8, 128, 16, 777, 0, 1000},
+                                   {16, 8, 64, 16, 300, 0, 96},     {4, 2, 128, 16, 2000, 0, 64},
+                                   {6, 2, 64, 48, 150, 0, 96},      {8, 2, 128, 16, 1500, 0, 200}};
+  for (const Case& c : cases) {
+    const int kv_dim = c.kv_heads * c.head_dim, q_dim = c.heads * c.head_dim, stride = q_dim + 2 * kv_dim;
+    const int columns = c.heads / c.kv_heads * c.head_dim, max_pos = 4096;
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.block_size, 1.0f / std::sqrt(float(c.head_dim))};
+    const std::string what = std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads of " +
+                             std::to_string(c.head_dim) + ", context " + std::to_string(c.context) + ", hidden " +
+                             std::to_string(c.hidden);
+    ASSERT_TRUE(decode_attention_o_proj_fits(kAttentionVersionDefault, 1, shape)) << what;
+    // The sequence's blocks in a shuffled order; the new token at position context - 1 in its slot.
+    const int width = std::max(1, (c.context + c.block_size - 1) / c.block_size);
+    std::vector<int32_t> tables(static_cast<size_t>(width));
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng);
+    const std::vector<int32_t> context{c.context}, positions{std::max(0, c.context - 1)},
+        slots{c.context == 0 ? -1 : tables[size_t((c.context - 1) / c.block_size)] * c.block_size +
+                                        (c.context - 1) % c.block_size};
+    const size_t cache_elems = size_t(width) * c.block_size * kv_dim;
+    std::vector<float> qkv = random_bf16_values(size_t(stride), rng, 2.0f);
+    std::vector<float> k_cache = random_bf16_values(cache_elems, rng), v_cache = random_bf16_values(cache_elems, rng);
+    std::vector<float> qn = random_bf16_values(size_t(c.head_dim), rng), kn = random_bf16_values(size_t(c.head_dim), rng);
+    std::vector<float> W = random_bf16_values(size_t(c.hidden) * q_dim, rng, 0.05f);
+    std::vector<float> residual = random_bf16_values(size_t(c.hidden), rng), norm_w = random_bf16_values(size_t(c.hidden), rng);
+    std::vector<float> cos, sin;
+    build_rope_table(cos, sin, max_pos, c.head_dim, 1e6);
+
+    // The spec, on the CPU: attention, o_proj, then the residual add and the norm.
+    std::vector<float> q_want = qkv, k_want = k_cache, v_want = v_cache, attn_want(static_cast<size_t>(q_dim));
+    qk_norm_rope_store_cpu(q_want.data(), stride, qn.data(), kn.data(), positions.data(), cos.data(), sin.data(),
+                           k_want.data(), v_want.data(), slots.data(), 1, c.heads, c.kv_heads, c.head_dim, 1e-6f);
+    decode_attention_cpu(attn_want.data(), q_dim, q_want.data(), stride, k_want.data(), v_want.data(), context.data(),
+                         tables.data(), width, 1, shape);
+    std::vector<float> hidden_want(size_t(c.hidden)), res_want = residual, out_want(size_t(c.hidden));
+    linear_cpu(hidden_want.data(), attn_want.data(), W.data(), 1, q_dim, c.hidden);
+    add_rmsnorm_cpu(out_want.data(), res_want.data(), hidden_want.data(), norm_w.data(), 1, c.hidden, 1e-6f);
+
+    const int max_ctx = c.grid_context ? c.grid_context : std::max(1, c.context);
+    DeviceArray<bf16> d_qn(to_bf16(qn)), d_kn(to_bf16(kn)), d_W(to_bf16(W)), d_norm(to_bf16(norm_w));
+    DeviceArray<int32_t> d_pos(positions), d_slots(slots), d_ctx(context), d_tables(tables);
+    DeviceArray<float> d_cos(cos), d_sin(sin), scratch(decode_attention_scratch_bytes(1, max_ctx, shape) / sizeof(float));
+    const QkNormRopeInputs qk{d_qn.ptr, d_kn.ptr, d_cos.ptr, d_sin.ptr, d_pos.ptr, d_slots.ptr, 1e-6f};
+    // v10 with its combine, on fresh copies of qkv and the caches.
+    DeviceArray<bf16> u_qkv(to_bf16(qkv)), u_k(to_bf16(k_cache)), u_v(to_bf16(v_cache)), u_out(static_cast<size_t>(q_dim));
+    u_out.poison();
+    decode_attention_fused_cuda(u_out.ptr, q_dim, u_qkv.ptr, stride, u_k.ptr, u_v.ptr, d_ctx.ptr, d_tables.ptr, width, 1,
+                                max_ctx, shape, scratch.ptr, 10, qk, 0);
+    scratch.poison();  // the merge must not read the first run's partials
+    // The same attention with o_proj merging its splits, then the norm adding the KV heads' shares.
+    DeviceArray<bf16> f_qkv(to_bf16(qkv)), f_k(to_bf16(k_cache)), f_v(to_bf16(v_cache)), f_out(static_cast<size_t>(q_dim));
+    DeviceArray<bf16> d_res(to_bf16(residual)), d_normed(size_t(c.hidden));
+    DeviceArray<float> partials(size_t(c.kv_heads) * c.hidden);
+    f_out.poison(), partials.poison(), d_normed.poison();
+    decode_attention_o_proj_cuda(partials.ptr, d_W.ptr, c.hidden, f_out.ptr, f_qkv.ptr, stride, f_k.ptr, f_v.ptr,
+                                 d_ctx.ptr, d_tables.ptr, width, max_ctx, shape, scratch.ptr,
+                                 kAttentionVersionDefault, qk, 0);
+    const std::vector<float> shares = partials.get();
+    add_rmsnorm_partials_cuda(d_normed.ptr, d_res.ptr, partials.ptr, c.kv_heads, d_norm.ptr, 1, c.hidden, 1e-6f, 0);
+
+    EXPECT_EQ(bits(f_out.get()), bits(u_out.get())) << what << ": attention's output";
+    EXPECT_EQ(bits(f_k.get()), bits(u_k.get())) << what << ": k cache";
+    EXPECT_EQ(bits(f_v.get()), bits(u_v.get())) << what << ": v cache";
+    EXPECT_LE(rel_error(to_float(f_out.get()), attn_want), 1e-2) << what << ": attention against the CPU";
+    // Each KV head's share: its columns of o_proj times attention's output (as the GPU rounded it).
+    const std::vector<float> attn = to_float(u_out.get());
+    for (int g = 0; g < c.kv_heads; g++) {
+      std::vector<float> want(size_t(c.hidden)), got(shares.begin() + size_t(g) * c.hidden,
+                                                     shares.begin() + size_t(g + 1) * c.hidden);
+      for (int o = 0; o < c.hidden; o++) {
+        double sum = 0;
+        for (int k = g * columns; k < (g + 1) * columns; k++) sum += double(attn[size_t(k)]) * W[size_t(o) * q_dim + k];
+        want[size_t(o)] = float(sum);
+      }
+      EXPECT_LE(rel_error(got, want), 1e-5) << what << ": KV head " << g << "'s share";
+    }
+    EXPECT_LE(rel_error(to_float(d_res.get()), res_want), 1e-2) << what << ": residual against the CPU";
+    EXPECT_LE(rel_error(to_float(d_normed.get()), out_want), 1e-2) << what << ": norm against the CPU";
+  }
+  // Where it does not run: more than one sequence, versions other than 10 and 11, a KV head's query heads
+  // wider than kOProjMergeMaxColumns (8 x 128), and shapes that fall back to v0.
+  const AttentionShape qwen{16, 8, 128, 16, 0.088f};
+  EXPECT_TRUE(decode_attention_o_proj_fits(10, 1, qwen));
+  EXPECT_FALSE(decode_attention_o_proj_fits(kAttentionVersionDefault, 2, qwen));
+  EXPECT_FALSE(decode_attention_o_proj_fits(9, 1, qwen));
+  EXPECT_FALSE(decode_attention_o_proj_fits(2, 1, qwen));
+  EXPECT_FALSE(decode_attention_o_proj_fits(kAttentionVersionDefault, 1, AttentionShape{64, 8, 128, 16, 0.088f}));
+  EXPECT_FALSE(decode_attention_o_proj_fits(kAttentionVersionDefault, 1, AttentionShape{16, 8, 96, 16, 0.1f}));
 }
 
 TEST(Ch04_LayersCuda, SiluAndMulAndGather) {

@@ -125,6 +125,23 @@ void ProfiledBackend::qk_norm_rope_store_attention(const Tensor& out, const Tens
                                          meta, shape);
   });
 }
+void ProfiledBackend::attention_o_proj_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden,
+                                                   const Tensor& attn_out, const Tensor& qkv, const Tensor& q_norm,
+                                                   const Tensor& k_norm, const Tensor& positions, const Tensor& cos,
+                                                   const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                                   const HeadLayout& heads, float eps, const AttentionMetadata& meta,
+                                                   const AttentionShape& shape, const Tensor& o_proj,
+                                                   const Tensor& norm_weight) {
+  if (!inner_->fuses_attention_o_proj(meta, shape)) {  // the two operations, each timed as it runs
+    Backend::attention_o_proj_add_rmsnorm(out, residual, hidden, attn_out, qkv, q_norm, k_norm, positions, cos, sin,
+                                          k_cache, v_cache, heads, eps, meta, shape, o_proj, norm_weight);
+    return;
+  }
+  timed(linear_label("qk_norm_rope_store + attention decode + linear+add_rmsnorm ", attn_out, o_proj), [&] {
+    inner_->attention_o_proj_add_rmsnorm(out, residual, hidden, attn_out, qkv, q_norm, k_norm, positions, cos, sin,
+                                         k_cache, v_cache, heads, eps, meta, shape, o_proj, norm_weight);
+  });
+}
 void ProfiledBackend::silu_and_mul(const Tensor& out, const Tensor& gate_up) {
   timed("silu_and_mul", [&] { inner_->silu_and_mul(out, gate_up); });
 }

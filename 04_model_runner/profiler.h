@@ -9,7 +9,9 @@
 //   qk_norm_rope_store_attention is one label, "qk_norm_rope_store + attention decode", and so is each fused
 //   projection, "rmsnorm+linear 1x1024->4096", "linear+add 1x2048->1024", "silu+linear+add 1x3072->1024",
 //   "linear+silu 16x1024->6144", "linear+sample 16x1024->151936"; a projection and the norm after it
-//   (linear_add_rmsnorm) is "linear+add_rmsnorm 64x2048->1024", one or two kernels as the inner backend runs it.
+//   (linear_add_rmsnorm) is "linear+add_rmsnorm 64x2048->1024", one or two kernels as the inner backend runs it;
+//   attention with o_proj merging its splits (attention_o_proj_add_rmsnorm, fused) is
+//   "qk_norm_rope_store + attention decode + linear+add_rmsnorm 1x2048->1024".
 // Under a CUDA graph replay no operation runs one by one: profile eager steps only.
 #pragma once
 
@@ -85,6 +87,16 @@ class ProfiledBackend final : public Backend {
                                     const AttentionMetadata& meta, const AttentionShape& shape) override;
   void attention(const Tensor& out, const Tensor& qkv, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionMetadata& meta, const AttentionShape& shape) override;
+  bool fuses_attention_o_proj(const AttentionMetadata& meta, const AttentionShape& shape) const override {
+    return inner_->fuses_attention_o_proj(meta, shape);
+  }
+  void attention_o_proj_add_rmsnorm(const Tensor& out, const Tensor& residual, const Tensor& hidden,
+                                    const Tensor& attn_out, const Tensor& qkv, const Tensor& q_norm,
+                                    const Tensor& k_norm, const Tensor& positions, const Tensor& cos,
+                                    const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                    const HeadLayout& heads, float eps, const AttentionMetadata& meta,
+                                    const AttentionShape& shape, const Tensor& o_proj,
+                                    const Tensor& norm_weight) override;
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;
   bool fuses_linear_silu(int64_t num_rows) const override { return inner_->fuses_linear_silu(num_rows); }
   void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override;

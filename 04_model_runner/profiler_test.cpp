@@ -55,6 +55,13 @@ class RecordingBackend final : public Backend {
                                     float, const AttentionMetadata&, const AttentionShape&) override {
     record("qk_norm_rope_store_attention");
   }
+  bool fuses_attention_o_proj(const AttentionMetadata&, const AttentionShape&) const override { return fuses_; }
+  void attention_o_proj_add_rmsnorm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, const Tensor&, const HeadLayout&, float, const AttentionMetadata&,
+                                    const AttentionShape&, const Tensor&, const Tensor&) override {
+    record("attention_o_proj_add_rmsnorm");
+  }
   void linear_before_attention(const Tensor&, const Tensor&, const Tensor&) override {
     record("linear_before_attention");
   }
@@ -106,14 +113,19 @@ TEST(Ch04_Profiler, RunsEveryFusedPathOfTheBackendItWraps) {
   ASSERT_TRUE(profiled.fuses_linear_sample(2));
   EXPECT_FALSE(profiled.fuses_linear_sample(5));  // the inner backend's answer, row count by row count
   profiled.linear_sample(none, none, x, w, none, false);
+  const Tensor o_proj = shaped({4, 8}), attn_out = shaped({1, 8}), row = shaped({1, 4});
+  profiled.attention_o_proj_add_rmsnorm(row, row, row, attn_out, x, none, none, none, none, none, none, none, heads,
+                                        1e-6f, meta, shape, o_proj, none);
   EXPECT_TRUE(profiled.fuses_linear_silu(2));
   EXPECT_TRUE(profiled.fuses_around_linear(2));
   EXPECT_TRUE(profiled.fuses_qk_norm_rope_store_attention(meta, shape));
+  EXPECT_TRUE(profiled.fuses_attention_o_proj(meta, shape));
 
   // Each call reached the inner backend's fused operation, and nothing else ran.
   EXPECT_EQ(calls, (std::vector<std::string>{"qk_norm_rope_store_attention", "linear_before_attention",
                                              "linear_add_rmsnorm", "linear_silu_and_mul", "rmsnorm_linear",
-                                             "linear_add", "silu_linear_add", "linear_sample"}));
+                                             "linear_add", "silu_linear_add", "linear_sample",
+                                             "attention_o_proj_add_rmsnorm"}));
   // One timed operation each, labelled with what it fused and its shape.
   std::vector<std::string> labels;
   for (const OpTime& op : profiled.report()) {
@@ -122,8 +134,9 @@ TEST(Ch04_Profiler, RunsEveryFusedPathOfTheBackendItWraps) {
   }
   EXPECT_EQ(labels, (std::vector<std::string>{"linear 2x8->4", "linear+add 2x8->4", "linear+add_rmsnorm 2x8->4",
                                               "linear+sample 2x8->4", "linear+silu 2x8->4",
-                                              "qk_norm_rope_store + attention decode", "rmsnorm+linear 2x8->4",
-                                              "silu+linear+add 2x8->4"}));
+                                              "qk_norm_rope_store + attention decode",
+                                              "qk_norm_rope_store + attention decode + linear+add_rmsnorm 1x8->4",
+                                              "rmsnorm+linear 2x8->4", "silu+linear+add 2x8->4"}));
 }
 
 TEST(Ch04_Profiler, RunsBackendsUnfusedPathsAsTwoTimedOperations) {
@@ -138,12 +151,19 @@ TEST(Ch04_Profiler, RunsBackendsUnfusedPathsAsTwoTimedOperations) {
   const HeadLayout heads{};
   EXPECT_FALSE(profiled.fuses_qk_norm_rope_store_attention(meta, shape));
   EXPECT_FALSE(profiled.fuses_linear_silu(2));
+  EXPECT_FALSE(profiled.fuses_attention_o_proj(meta, shape));
   profiled.qk_norm_rope_store_attention(out, x, none, none, none, none, none, none, none, heads, 1e-6f, meta, shape);
   profiled.linear_silu_and_mul(out, none, x, w);
-  EXPECT_EQ(calls, (std::vector<std::string>{"qk_norm_rope_store", "attention", "linear", "silu_and_mul"}));
+  // Attention with o_proj: attention as the two operations above, then the projection with its norm.
+  const Tensor o_proj = shaped({4, 8}), attn_out = shaped({1, 8}), row = shaped({1, 4});
+  profiled.attention_o_proj_add_rmsnorm(row, row, row, attn_out, x, none, none, none, none, none, none, none, heads,
+                                        1e-6f, meta, shape, o_proj, none);
+  EXPECT_EQ(calls, (std::vector<std::string>{"qk_norm_rope_store", "attention", "linear", "silu_and_mul",
+                                             "qk_norm_rope_store", "attention", "linear_add_rmsnorm"}));
   std::vector<std::string> labels;
   for (const OpTime& op : profiled.report()) labels.push_back(op.label);
-  EXPECT_EQ(labels, (std::vector<std::string>{"attention decode", "linear 2x8->4", "qk_norm_rope_store", "silu_and_mul"}));
+  EXPECT_EQ(labels, (std::vector<std::string>{"attention decode", "linear 2x8->4", "linear+add_rmsnorm 1x8->4",
+                                              "qk_norm_rope_store", "silu_and_mul"}));
 }
 
 TEST(Ch04_Profiler, AttentionIsLabelledWithItsPhase) {

@@ -254,10 +254,19 @@ void Qwen3Model::forward_layer(Backend& b, const ForwardInputs& in, const Qwen3W
   // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
   // store before attend, so that attention reads this step's keys from the cache too; then attention.
   // One call: the GPU does all of it in one kernel in decode (Backend::qk_norm_rope_store_attention).
-  b.qk_norm_rope_store_attention(rows.attn_out, rows.qkv, w.q_norm, w.k_norm, in.positions, ws.cos, ws.sin, k_cache,
-                                 v_cache, heads_, eps, in.attention, attention_shape(int(k_cache.shape[1])));
-  // o_proj, and the MLP block's norm.
-  project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.attn_out, w.o_proj, w.post_attention_layernorm);
+  const AttentionShape shape = attention_shape(int(k_cache.shape[1]));
+  if (tp_.tp_size == 1 && b.fuses_attention_o_proj(in.attention, shape)) {
+    // The same, then o_proj and the MLP block's norm, in one call: on the GPU at one decode sequence o_proj's
+    // blocks merge attention's splits themselves (Backend::attention_o_proj_add_rmsnorm).
+    b.attention_o_proj_add_rmsnorm(rows.normed, rows.residual, rows.hidden, rows.attn_out, rows.qkv, w.q_norm,
+                                   w.k_norm, in.positions, ws.cos, ws.sin, k_cache, v_cache, heads_, eps, in.attention,
+                                   shape, w.o_proj, w.post_attention_layernorm);
+  } else {
+    b.qk_norm_rope_store_attention(rows.attn_out, rows.qkv, w.q_norm, w.k_norm, in.positions, ws.cos, ws.sin, k_cache,
+                                   v_cache, heads_, eps, in.attention, shape);
+    // o_proj, and the MLP block's norm.
+    project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.attn_out, w.o_proj, w.post_attention_layernorm);
+  }
   b.linear_silu_and_mul(rows.mlp_act, rows.gate_up, rows.normed, w.gate_up_proj);  // one kernel where the backend fuses them
   // down_proj, and the norm after the layer.
   project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.mlp_act, w.down_proj, next_norm);

@@ -162,13 +162,11 @@ size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const A
 
 namespace {
 
-// decode_attention_cuda and decode_attention_fused_cuda: `fused` null for the plain decode.
-void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
-            const int32_t* context_lens, const int32_t* block_tables, int block_table_width, int num_seqs,
-            int max_context_len, const AttentionShape& shape, float* scratch, int version,
-            const QkNormRopeInputs* fused, cudaStream_t stream) {
-  const int v = attention_version_for(AttentionPhase::Decode, version, shape);
-  if (num_seqs == 0) return;
+// A decode's parameters for version v (attention_version_for's answer): `fused` null for the plain decode.
+AttentionParams decode_params(int v, bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride,
+                              const bf16* k_cache, const bf16* v_cache, const int32_t* context_lens,
+                              const int32_t* block_tables, int block_table_width, int num_seqs, int max_context_len,
+                              const AttentionShape& shape, float* scratch, const QkNormRopeInputs* fused) {
   check_alignment(v, q, q_stride, out, out_stride);
   AttentionParams p =
       make_params(out, out_stride, q, q_stride, k_cache, v_cache, block_tables, block_table_width, shape);
@@ -192,6 +190,18 @@ void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, cons
     p.positions = fused->positions, p.slot_mapping = fused->slot_mapping, p.eps = fused->eps;
     p.k_cache_out = const_cast<bf16*>(k_cache), p.v_cache_out = const_cast<bf16*>(v_cache);
   }
+  return p;
+}
+
+// decode_attention_cuda and decode_attention_fused_cuda: `fused` null for the plain decode.
+void decode(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache, const bf16* v_cache,
+            const int32_t* context_lens, const int32_t* block_tables, int block_table_width, int num_seqs,
+            int max_context_len, const AttentionShape& shape, float* scratch, int version,
+            const QkNormRopeInputs* fused, cudaStream_t stream) {
+  const int v = attention_version_for(AttentionPhase::Decode, version, shape);
+  if (num_seqs == 0) return;
+  const AttentionParams p = decode_params(v, out, out_stride, q, q_stride, k_cache, v_cache, context_lens, block_tables,
+                                          block_table_width, num_seqs, max_context_len, shape, scratch, fused);
   kDecodeLaunchers[v](p, LaunchDims{num_seqs, 1, max_context_len}, stream);
   CUDA_CHECK_LAUNCH();
 }
@@ -220,6 +230,36 @@ void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv,
          " cannot do qk-norm, RoPE and the KV write itself (v9, v10 and v11 can)");
   decode(out, out_stride, qkv, qkv_stride, k_cache, v_cache, context_lens, block_tables, block_table_width, num_seqs,
          max_context_len, shape, scratch, version, &qk, stream);
+}
+
+bool decode_attention_o_proj_fits(int version, int num_seqs, const AttentionShape& shape) {
+  // v10's kernel and its splits (v11's too: at one sequence v11's cluster is what this replaces); at least 2
+  // splits, or there is nothing to merge; a KV head's query heads at most o_proj_merge's columns a block.
+  const int v = attention_version_for(AttentionPhase::Decode, version, shape);
+  const int columns = shape.num_heads / shape.num_kv_heads * shape.head_dim;
+  return (v == 10 || v == 11) && num_seqs == 1 && decode_splits(1, shape) > 1 &&
+         decode_splits(1, shape) <= kMaxOProjMergeSplits && columns <= kOProjMergeMaxColumns;
+}
+
+void decode_attention_o_proj_cuda(float* partials, const bf16* o_proj, int hidden, bf16* out, const bf16* qkv,
+                                  int64_t qkv_stride, bf16* k_cache, bf16* v_cache, const int32_t* context_lens,
+                                  const int32_t* block_tables, int block_table_width, int max_context_len,
+                                  const AttentionShape& shape, float* scratch, int version, const QkNormRopeInputs& qk,
+                                  cudaStream_t stream) {
+  if (!decode_attention_o_proj_fits(version, 1, shape))
+    fail("internal: decode_attention_o_proj_cuda cannot run attention v",
+         attention_version_for(AttentionPhase::Decode, version, shape), " at ", shape.num_heads, "/",
+         shape.num_kv_heads, " heads of ", shape.head_dim, " (decode_attention_o_proj_fits)");
+  if (reinterpret_cast<uintptr_t>(o_proj) % 16 != 0 || reinterpret_cast<uintptr_t>(partials) % 16 != 0)
+    fail("internal: decode_attention_o_proj_cuda needs 16-byte aligned o_proj and partials");
+  // v10's parameters at one sequence: decode_splits partitions, each block writing its partials.
+  const int q_dim = shape.num_heads * shape.head_dim;
+  AttentionParams p = decode_params(10, out, q_dim, qkv, qkv_stride, k_cache, v_cache, context_lens, block_tables,
+                                    block_table_width, 1, max_context_len, shape, scratch, &qk);
+  launch_tensor_core_decode_kernel(p, 1, stream);
+  CUDA_CHECK_LAUNCH();
+  launch_o_proj_merge(p, partials, o_proj, hidden, stream);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace nanovllm

@@ -166,5 +166,20 @@ void decode_attention_fused_cuda(bf16* out, int64_t out_stride, const bf16* qkv,
                                  int block_table_width, int num_seqs, int max_context_len, const AttentionShape& shape,
                                  float* scratch, int version, const QkNormRopeInputs& qk, cudaStream_t stream);
 
+// decode_attention_fused_cuda at one sequence, with the projection after attention (o_proj) taking over the
+// merge of its splits: v10's kernel writes its partials and no combine kernel runs; o_proj's blocks, one
+// (KV head, 64 outputs) each, merge the partials of their KV head's query heads themselves (the combine's
+// formula and order) and multiply them by their slice of o_proj's columns (o_proj_merge.cu). out (1, num_heads
+// * head_dim) gets attention's output, the bits of v10 with its combine; partials (num_kv_heads, 1, hidden) fp32
+// gets each KV head's share of out @ o_proj^T, o_proj (hidden, num_heads * head_dim) bf16 and 16-byte aligned:
+// their sum in KV-head order, rounded to bf16, is the projection (add_rmsnorm_partials_cuda, chapter 04,
+// adds them). Only where decode_attention_o_proj_fits says so; the rest as decode_attention_fused_cuda.
+bool decode_attention_o_proj_fits(int version, int num_seqs, const AttentionShape& shape);
+void decode_attention_o_proj_cuda(float* partials, const bf16* o_proj, int hidden, bf16* out, const bf16* qkv,
+                                  int64_t qkv_stride, bf16* k_cache, bf16* v_cache, const int32_t* context_lens,
+                                  const int32_t* block_tables, int block_table_width, int max_context_len,
+                                  const AttentionShape& shape, float* scratch, int version, const QkNormRopeInputs& qk,
+                                  cudaStream_t stream);
+
 }  // namespace nanovllm
 #endif

@@ -105,6 +105,12 @@ void launch_tensor_core_decode_kernel(const AttentionParams& p, int num_seqs, cu
 bool tensor_core_decode_clusters_available();
 // The second kernel of split-K decode (v2_split_k.cu): merges the partitions into `out`.
 void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t stream);
+// At one sequence, the combine moved into o_proj (o_proj_merge.cu; decode_attention_o_proj_cuda): merges
+// p's partitions into `out` and writes each KV head's share of out @ W^T, partials (num_kv_heads, 1, hidden) fp32,
+// W (hidden, num_heads * head_dim) bf16. A KV head's query heads span at most kOProjMergeMaxColumns of W's columns,
+// and the context is cut into at most kMaxOProjMergeSplits partitions (p.splits).
+constexpr int kOProjMergeMaxColumns = 512, kMaxOProjMergeSplits = 128;
+void launch_o_proj_merge(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream);
 
 // A kernel that needs more than 48 KB of dynamic shared memory must opt in, per device. Done at every
 // launch outside a CUDA-graph capture; inside one it is skipped (the engine runs every batch eagerly

@@ -283,7 +283,7 @@ TEST(E2E_Cli, DetokenizeRefusesANegativeIdThatWouldWrapToAValidOne) {
 // A token id that is not a JSON integer is named as such, with the value as written (text.cpp's detokenize), not
 // with the JSON reader's generic "expected an integer".
 TEST(E2E_Cli, DetokenizeNamesAnIdThatIsNoInteger) {
-  for (const std::string& id : {"1.5", "true", "\"7\""}) {
+  for (const std::string id : {"1.5", "true", "\"7\""}) {
     auto r = run_nanovllm("detokenize", "[" + id + "]\n");
     EXPECT_EQ(r.exit_code, 1) << id;
     EXPECT_EQ(r.err, "error: stdin line 1: token ids must be integers, got " + id + "\n");

@@ -292,6 +292,38 @@ TEST(E2E_Gpu, GemvProjectionsWithTheirSiluMatchTransformers) {
   }
 }
 
+TEST(E2E_Gpu, OProjMergingAttentionsSplitsAtOneSequenceMatchesTransformers) {
+  // At one decode sequence the default attention's splits are merged by o_proj's blocks, not by a combine kernel
+  // or a cluster (Backend::attention_o_proj_add_rmsnorm; 05_attention/o_proj_merge.cu). One prompt at a time, so
+  // that every decode step is one sequence, under graphs and eager, with the default attention version and with
+  // v10; the tiny models' 2 KV heads give 64 splits, merged in rounds of 16.
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
+    Golden g = load(model);
+    for (int version : {kAttentionVersionDefault, 10})
+      for (bool eager : {false, true}) {
+        EngineConfig c = gpu_config(model);
+        c.enforce_eager = eager;
+        c.attention_version = version;
+        LLMEngine engine(c);
+        const ModelConfig& mc = engine.model_runner().model_config();
+        const AttentionShape shape{mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, c.kvcache_block_size,
+                                   float(1.0 / std::sqrt(double(mc.head_dim)))};
+        AttentionMetadata one;  // a decode step (is_prefill false) of one sequence
+        one.num_seqs = 1;
+        AttentionMetadata two = one;
+        two.num_seqs = 2;
+        ASSERT_TRUE(backend_says(engine, [&](const Backend& b) {
+          return b.fuses_attention_o_proj(one, shape) && !b.fuses_attention_o_proj(two, shape);
+        })) << model << ": the merge in o_proj runs at one decode sequence, and only there";
+        const std::string what = model + (eager ? " eager" : " graphs") + ", attention version " + std::to_string(version);
+        std::vector<GenerateOutput> outputs;
+        for (const auto& prompt : g.prompts) outputs.push_back(engine.generate({prompt}, {greedy(24)})[0]);
+        expect_golden_greedy(g, outputs, what + ", one prompt at a time");
+      }
+  }
+}
+
 // golden_copies_match's question where the test is about v6: does this GPU run it at all.
 bool wgmma_runs(const Backend&, int64_t) {
 #ifdef NANOVLLM_CUDA

@@ -392,19 +392,20 @@ int cmd_bench_step(const Flags& flags) {
     // layer, fused or not ("linear 1x1024->4096", "rmsnorm+linear 1x1024->4096", "linear+add ...",
     // "silu+linear+add ...", "linear+silu ...", "linear+add_rmsnorm ...", "linear+sample ..."), reads its
     // weight and activations and writes its output (linear+silu: out / 2 columns; linear+sample: a token a
-    // row, no logits at least). Logits are fp32 on either device.
+    // row, no logits at least). Logits are fp32 on either device. Attention with o_proj after it in one
+    // operation ("qk_norm_rope_store + attention decode + linear+add_rmsnorm 1x2048->1024") counts both.
     double bytes = 0;
     int n = 0, in = 0, out = 0;
     const size_t shape_at = op.label.rfind(' ');
-    if (op.label == "attention decode" || op.label == "qk_norm_rope_store + attention decode") {
-      bytes = double(batch) * context * kv_bytes_per_token_layer * op.calls;
-    } else if (op.label.find("linear") != std::string::npos && shape_at != std::string::npos &&
-               std::sscanf(op.label.c_str() + shape_at, " %dx%d->%d", &n, &in, &out) == 3) {
+    if (op.label == "attention decode" || op.label.rfind("qk_norm_rope_store + attention decode", 0) == 0)
+      bytes += double(batch) * context * kv_bytes_per_token_layer * op.calls;
+    if (op.label.find("linear") != std::string::npos && shape_at != std::string::npos &&
+        std::sscanf(op.label.c_str() + shape_at, " %dx%d->%d", &n, &in, &out) == 3) {
       const double out_columns = op.label.rfind("linear+silu ", 0) == 0     ? out / 2.0
                                  : op.label.rfind("linear+sample ", 0) == 0 ? 0.0
                                                                             : double(out);
-      bytes = (double(in) * out + double(n) * in) * element_bytes * op.calls +
-              double(n) * out_columns * (out == mc.vocab_size ? 4 : element_bytes) * op.calls;
+      bytes += (double(in) * out + double(n) * in) * element_bytes * op.calls +
+               double(n) * out_columns * (out == mc.vocab_size ? 4 : element_bytes) * op.calls;
     }
     total_ms += op.milliseconds;
     const double gbps = bytes / (op.milliseconds * 1e-3) / 1e9;
