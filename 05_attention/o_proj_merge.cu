@@ -64,9 +64,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   //   out = sum_i exp2(m_i - M) O_i / sum_i exp2(m_i - M) l_i,   M = max_i m_i,
   // rounded to bf16 as the combine stores it; thread t takes column t (and t + 256). A padding row (context 0)
   // has no partition: zeros, as there. All loads through the L2 (__ldcg): the kernel before wrote them.
-  // Every partition's m and l of the block's G query heads go through shared memory, one load a thread: each is
-  // used by all of a head's columns, and loaded by every thread from the L2 the same few lines took ~4 us a
-  // layer (NOTES.md, "The merge in o_proj").
+  // Every partition's m and l of the block's G query heads go through shared memory, one load a thread. Each is
+  // used by all of its head's columns; loaded by every thread from the L2 instead (the first version), the same
+  // few lines took ~4 us a layer (NOTES.md, "The merge in o_proj").
   __shared__ float m_of[kMaxHeadsPerBlock * kMaxOProjMergeSplits];  // (G, parts): m of head r, partition i
   __shared__ float l_of[kMaxHeadsPerBlock * kMaxOProjMergeSplits];
   for (int idx = threadIdx.x; idx < G * parts; idx += blockDim.x) {
