@@ -385,7 +385,9 @@ int cmd_bench_step(const Flags& flags) {
   else
     std::printf("floor: %.1f MB per step (weights %.1f MB + K/V %.1f MB)\n", (floor_weights + floor_kv) / 1e6,
                 floor_weights / 1e6, floor_kv / 1e6);
-  std::printf("%-34s %6s %10s %10s %9s %7s\n", "operation", "calls", "us/step", "MB/step", "GB/s", "% copy");
+  int width = 34;  // the label column, widened to the longest label (attention with o_proj's: 71 characters)
+  for (const OpTime& op : ops) width = std::max(width, int(op.label.size()));
+  std::printf("%-*s %6s %10s %10s %9s %7s\n", width, "operation", "calls", "us/step", "MB/step", "GB/s", "% copy");
   double total_ms = 0;
   for (const OpTime& op : ops) {
     // Bytes an operation must move at least: attention reads every context token's K and V; a linear
@@ -410,15 +412,15 @@ int cmd_bench_step(const Flags& flags) {
     total_ms += op.milliseconds;
     const double gbps = bytes / (op.milliseconds * 1e-3) / 1e9;
     if (bytes > 0 && copy_gbps > 0)
-      std::printf("%-34s %6d %10.1f %10.1f %9.0f %6.0f%%\n", op.label.c_str(), op.calls, op.milliseconds * 1e3,
+      std::printf("%-*s %6d %10.1f %10.1f %9.0f %6.0f%%\n", width, op.label.c_str(), op.calls, op.milliseconds * 1e3,
                   bytes / 1e6, gbps, 100 * gbps / copy_gbps);
     else if (bytes > 0)
-      std::printf("%-34s %6d %10.1f %10.1f %9.1f\n", op.label.c_str(), op.calls, op.milliseconds * 1e3, bytes / 1e6, gbps);
+      std::printf("%-*s %6d %10.1f %10.1f %9.1f\n", width, op.label.c_str(), op.calls, op.milliseconds * 1e3, bytes / 1e6, gbps);
     else
-      std::printf("%-34s %6d %10.1f\n", op.label.c_str(), op.calls, op.milliseconds * 1e3);
+      std::printf("%-*s %6d %10.1f\n", width, op.label.c_str(), op.calls, op.milliseconds * 1e3);
   }
-  std::printf("%-34s %6s %10.1f   (sum of kernel times; the rest of the eager step is launch and host work)\n",
-              "total", "", total_ms * 1e3);
+  std::printf("%-*s %6s %10.1f   (sum of kernel times; the rest of the eager step is launch and host work)\n",
+              width, "total", "", total_ms * 1e3);
   return 0;
 }
 
