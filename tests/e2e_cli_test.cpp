@@ -306,6 +306,24 @@ TEST(E2E_Cli, BenchTokenizerEncodesAtLeast20MegabytesInWholePasses) {
   }
 }
 
+// A workload longer than max_model_len is named by bench's flags before the model loads, not as the scheduler's
+// "request 0" (bench's own warm-up). The 4 requests above are 149 + 111, 193 + 100, 113 + 119 and 148 + 107 tokens
+// (Python's random, as there): the longest needs 293.
+TEST(E2E_Cli, BenchRefusesAWorkloadLongerThanMaxModelLen) {
+  const std::string workload = "bench --random tiny --device cpu --num-seqs 4 --max-input-len 200 --max-output-len 120";
+  auto r = run_nanovllm(workload + " --max-model-len 292");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  // The error ends stderr (a first run of --random tiny writes the checkpoint, and says so on a line before it).
+  const std::string error = "error: bench: the workload's longest request needs 293 tokens (prompt + max_tokens, from "
+                            "--max-input-len 200 and --max-output-len 120) but max_model_len is 292\n";
+  ASSERT_GE(r.err.size(), error.size()) << r.err;
+  EXPECT_EQ(r.err.substr(r.err.size() - error.size()), error) << r.err;
+  EXPECT_EQ(r.out, "");
+  auto fits = run_nanovllm(workload + " --max-model-len 293");
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_NE(fits.out.find("Total: 437tok"), std::string::npos) << fits.out;
+}
+
 TEST(E2E_Cli, BenchReproducesBenchPyWorkload) {
   // bench.py's RNG stream, cut short: Python gives 603 prompt and 437 output tokens for 4 requests with
   // max_input_len 200 and max_output_len 120 (random.seed(0); randint as bench.py draws them).
@@ -667,6 +685,16 @@ TEST(E2E_Cli, EachControlCharacterInAQuotedNameHasItsOwnEscape) {
   auto r = run_nanovllm("\"$(printf 'a\\tb\\rc\\001d\\033e')\"", "");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "error: unknown command 'a\\tb\\rc\\x01d\\x1be' (try: nanovllm help)\n");
+}
+
+// Past ASCII, one_line keeps UTF-8 as it is but escapes what would still break the line or the encoding: the C1
+// control NEL (U+0085, a line break to Unicode) and the line separator (U+2028) as \uHHHH, a byte outside
+// valid UTF-8 (0xFF, the overlong pair C0 AF) as \xHH; 'e' with its acute accent stays. By hand:
+// 'a' NEL 'b' LS 'c' FF 'd' e-acute 'e' C0 AF.
+TEST(E2E_Cli, QuotedNamesStayOneLineOfUtf8) {
+  auto r = run_nanovllm("\"$(printf 'a\\302\\205b\\342\\200\\250c\\377d\\303\\251e\\300\\257')\"", "");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "error: unknown command 'a\\u0085b\\u2028c\\xffd\xc3\xa9" "e\\xc0\\xaf' (try: nanovllm help)\n");
 }
 
 // random-model prints one line saying what it wrote. The tiny preset's parameters, by hand from its shape

@@ -182,10 +182,19 @@ int cmd_bench(const Flags& flags) {
   // before the model is loaded, so that the error is the run's only line.
   int32_t largest_id = 0;
   for (const auto& p : prompts) largest_id = std::max(largest_id, *std::max_element(p.begin(), p.end()));
-  const int vocab_size = ModelConfig::load(model).vocab_size;
-  if (largest_id >= vocab_size)
+  const ModelConfig model_config = ModelConfig::load(model);
+  if (largest_id >= model_config.vocab_size)
     fail("bench: bench.py's random prompts hold token ids up to ", largest_id, ", past this model's vocabulary of ",
-         vocab_size, " (", model, "); bench needs a vocabulary of more than 10,000 ids");
+         model_config.vocab_size, " (", model, "); bench needs a vocabulary of more than 10,000 ids");
+  // The same for the lengths: a request longer than max_model_len (the model runner cuts it to the model's
+  // positions) is named here by the flags that made it, not as "request 0", the warm-up the user never gave.
+  int64_t longest = 3 + SamplingParams().max_tokens;  // the warm-up below
+  for (size_t i = 0; i < prompts.size(); i++) longest = std::max(longest, int64_t(prompts[i].size()) + params[i].max_tokens);
+  const int64_t limit = std::min(config.max_model_len, model_config.max_position_embeddings);
+  if (longest > limit)
+    fail("bench: the workload's longest request needs ", longest, " tokens (prompt + max_tokens, from --max-input-len ",
+         max_input_len, " and --max-output-len ", max_output_len, ") but max_model_len is ", limit,
+         limit < config.max_model_len ? " (the model's max_position_embeddings)" : "");
 
   auto t_load = std::chrono::steady_clock::now();
   LLMEngine engine(config);

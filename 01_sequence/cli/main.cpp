@@ -118,9 +118,11 @@ static void load_kernels_eagerly_for_tensor_parallelism(int argc, char** argv) {
   }
 }
 
-// An error message as one line: a name or value quoted from a file or the command line may hold a newline
-// or another control character, which would start a second line without "error: ". Each is written as an
-// escape (\n, \r, \t, or \xHH); every other byte, UTF-8 included, as it is. A value quoted whole may also
+// An error message as one line of UTF-8: a name or value quoted from a file or the command line may hold a
+// newline or another control character, which would start a second line without "error: ". Each is written
+// as an escape: \n, \r, \t by name, the other C0 controls and DEL as \xHH, the C1 controls (U+0080-U+009F:
+// U+0085 is a line break) and the line and paragraph separators (U+2028, U+2029) as \uHHHH, and a byte that
+// is not part of valid UTF-8 as \xHH. Every other character is written as it is. A value quoted whole may also
 // be megabytes long (a 100,000-digit token id): past kMaxErrorBytes the line ends with how much was left out.
 static std::string one_line(const char* message) {
   constexpr size_t kMaxErrorBytes = 2000;
@@ -129,18 +131,43 @@ static std::string one_line(const char* message) {
     shown = kMaxErrorBytes;
     while (shown > 0 && (static_cast<unsigned char>(message[shown]) & 0xC0) == 0x80) shown--;  // a whole character
   }
+  const unsigned char* text = reinterpret_cast<const unsigned char*>(message);
+  auto escape = [](const char* format, unsigned value) {
+    char buffer[8];
+    std::snprintf(buffer, sizeof buffer, format, value);
+    return std::string(buffer);
+  };
   std::string line;
-  for (const char* p = message; p < message + shown; p++) {
-    const unsigned char c = static_cast<unsigned char>(*p);
-    if (c == '\n') line += "\\n";
-    else if (c == '\r') line += "\\r";
-    else if (c == '\t') line += "\\t";
-    else if (c < 0x20 || c == 0x7f) {
-      char hex[5];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      line += hex;
+  for (size_t i = 0; i < shown;) {
+    const unsigned char c = text[i];
+    if (c < 0x80) {
+      if (c == '\n') line += "\\n";
+      else if (c == '\r') line += "\\r";
+      else if (c == '\t') line += "\\t";
+      else if (c < 0x20 || c == 0x7f) line += escape("\\x%02x", c);
+      else line += char(c);
+      i++;
+      continue;
+    }
+    // A multi-byte character: its length from the lead byte, then the code point; anything that is not
+    // the shortest form of a scalar value (a stray continuation byte, a sequence cut short, an overlong
+    // form, a surrogate, past U+10FFFF) is shown byte by byte.
+    const int bytes = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? (c <= 0xEF ? 3 : 0) : c >= 0xC2 ? 2 : 0;
+    unsigned code = bytes == 2 ? c & 0x1F : bytes == 3 ? c & 0x0F : c & 0x07;
+    bool valid = bytes > 0 && i + bytes <= shown;
+    for (int k = 1; valid && k < bytes; k++) {
+      valid = (text[i + k] & 0xC0) == 0x80;
+      code = code << 6 | (text[i + k] & 0x3F);
+    }
+    valid = valid && !(bytes == 3 && (code < 0x800 || (code >= 0xD800 && code <= 0xDFFF))) &&
+            !(bytes == 4 && (code < 0x10000 || code > 0x10FFFF));
+    if (!valid) {
+      line += escape("\\x%02x", c);
+      i++;
     } else {
-      line += char(c);
+      if (code <= 0x9F || code == 0x2028 || code == 0x2029) line += escape("\\u%04x", code);
+      else line.append(message + i, bytes);
+      i += bytes;
     }
   }
   if (shown < length) line += " ... (" + std::to_string(length - shown) + " more bytes)";

@@ -192,7 +192,7 @@ ModelConfig ModelConfig::load(const std::string& model_dir) {
   }
   if (!have_theta) fail(path, ": missing field 'rope_parameters.rope_theta' (or 'rope_theta')");
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
-    fail(path, ": rope_theta must be positive, got ", c.rope_theta);
+    fail(path, ": rope_theta must be positive and finite, got ", c.rope_theta);
   // Every angle of the RoPE table (build_rope_table: position x 1 / theta^(2 j / head_dim), in fp32) must be
   // finite, or each step's logits come out NaN and the weights get the blame: a theta of 1e-320 passes the
   // test above.

@@ -181,7 +181,9 @@ TEST(Ch04_Config, InconsistentOrUnsupportedValuesAreRefused) {
       // Finite as a double, +inf or 0 in the fp32 the norms add it in: every logit was 0, without an error.
       {"rms_norm_eps", "1e300", "field 'rms_norm_eps' is 1e+300, outside fp32's range, in which the norms add it"},
       {"rms_norm_eps", "1e-300", "field 'rms_norm_eps' is 1e-300, outside fp32's range, in which the norms add it"},
-      {"rope_parameters", R"({"rope_theta":-1})", "rope_theta must be positive, got -1"},
+      {"rope_parameters", R"({"rope_theta":-1})", "rope_theta must be positive and finite, got -1"},
+      // 1e400 reads as +inf: positive, but every angle would be 0 or NaN; named for what it is.
+      {"rope_parameters", R"({"rope_theta":1e400})", "rope_theta must be positive and finite, got inf"},
       {"rope_parameters", R"({"rope_theta":1e6,"rope_type":"yarn","factor":4})",
        "field 'rope_parameters.rope_type' is 'yarn'; only default RoPE is supported"},
       // The older spelling is named as written (it was reported as 'rope_scaling.rope_type').
