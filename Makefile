@@ -98,9 +98,10 @@ DATA := $(TOKENIZER_DIR)/tokenizer.json $(TOKENIZER_DIR)/tokenizer_config.json
 # Every object depends on a record of the flags it was built with: switching between `make` and `make
 # NVCC=` (or changing CUDA_ARCH, CXXFLAGS, ...) in one tree rebuilds everything instead of linking
 # objects built for the other configuration.
-# `make help` and `make clean` build nothing and leave the record as it is.
+# `make help` and `make clean` build nothing and leave the record as it is, and `make sanitize` builds in
+# build-sanitize/ through a make of its own (which keeps its own record there): none of them creates $(BUILD).
 FLAGS_RECORD := $(BUILD)/flags
-ifneq ($(if $(MAKECMDGOALS),$(filter-out help clean,$(MAKECMDGOALS)),all),)
+ifneq ($(if $(MAKECMDGOALS),$(filter-out help clean sanitize,$(MAKECMDGOALS)),all),)
 $(shell mkdir -p $(BUILD))
 $(file >$(FLAGS_RECORD).new,$(CXX) $(CPPFLAGS) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(LDLIBS))
 $(shell cmp -s $(FLAGS_RECORD).new $(FLAGS_RECORD) && rm -f $(FLAGS_RECORD).new || mv $(FLAGS_RECORD).new $(FLAGS_RECORD))
