@@ -256,6 +256,7 @@ void decode_attention_o_proj_cuda(float* partials, const bf16* o_proj, int hidde
   const int q_dim = shape.num_heads * shape.head_dim;
   AttentionParams p = decode_params(10, out, q_dim, qkv, qkv_stride, k_cache, v_cache, context_lens, block_tables,
                                     block_table_width, 1, max_context_len, shape, scratch, &qk);
+  p.next_at_wait = true;  // o_proj's merge: its weights on their way during the tile loop
   launch_tensor_core_decode_kernel(p, 1, stream);
   CUDA_CHECK_LAUNCH();
   launch_o_proj_merge(p, partials, o_proj, hidden, stream);

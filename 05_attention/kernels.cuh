@@ -57,6 +57,10 @@ struct AttentionParams {
   bf16* k_cache_out;            // k_cache and v_cache, writable
   bf16* v_cache_out;
   float eps;
+  // v9's kernel (v10, v11): let the next kernel launch right after the wait instead of after the tile loop. Set
+  // where the next kernel is o_proj's merge at one sequence (decode_attention_o_proj_cuda), whose blocks bring
+  // their weights before their own wait.
+  bool next_at_wait = false;
 };
 
 // Keys per partition of a sequence with `context` keys: partition_size, or for v10 and v11 the context over

@@ -385,6 +385,10 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     cp_async_commit();
   }
   wait_for_previous_kernel();
+  // o_proj's merge at one sequence (next_at_wait): its blocks bring only their weights before their own wait, and
+  // this grid's tile loop is one tile a warp, so let them in now (1 µs a layer on an H100; NOTES.md, "The merge
+  // in o_proj lets in at attention's wait"). Otherwise after the tile loop, below.
+  if (p.next_at_wait) allow_next_kernel();
   if (write_first) {
     write_new_key();
     __syncthreads();  // this step's K and V are in the cache before any warp copies a tile
@@ -490,10 +494,10 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
     }
   }
   cp_async_wait<0>();  // only empty groups remain, but leave none behind before the buffers are reused
-  // Only now may the next kernel's blocks start (o_proj: v2, v5 and v6 ask for all their weights as they
-  // start). Let in after the wait, they took SM slots and memory bandwidth from the tile loop of the blocks
-  // still streaming K/V: at 8 sequences the step took 1.08 ms that way, 1.04 this way (04_model_runner/
-  // NOTES.md, section 4, "When the next kernel may start").
+  // Only now may the next kernel's blocks start, unless next_at_wait let them in above (o_proj: v2, v5 and v6
+  // ask for all their weights as they start). Let in after the wait, they took SM slots and memory bandwidth
+  // from the tile loop of the blocks still streaming K/V: at 8 sequences the step took 1.08 ms that way, 1.04
+  // this way (04_model_runner/NOTES.md, section 4, "When the next kernel may start").
   allow_next_kernel();
 
   // Merge the 4 warps' states of rows 0..G-1 through shared memory (reusing the pipeline buffers):
