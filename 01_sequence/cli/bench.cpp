@@ -188,7 +188,9 @@ int cmd_bench(const Flags& flags) {
          model_config.vocab_size, " (", model, "); bench needs a vocabulary of more than 10,000 ids");
   // The same for the lengths: a request longer than max_model_len (the model runner cuts it to the model's
   // positions) is named here by the flags that made it, not as "request 0", the warm-up the user never gave.
-  int64_t longest = 3 + SamplingParams().max_tokens;  // the warm-up below
+  // Warm-up, as bench.py: one short request with default sampling (temperature 1, 64 tokens), run below.
+  const std::vector<int32_t> warm_up_prompt = {1, 2, 3};
+  int64_t longest = int64_t(warm_up_prompt.size()) + SamplingParams().max_tokens;
   for (size_t i = 0; i < prompts.size(); i++) longest = std::max(longest, int64_t(prompts[i].size()) + params[i].max_tokens);
   const int64_t limit = std::min(config.max_model_len, model_config.max_position_embeddings);
   if (longest > limit)
@@ -204,8 +206,7 @@ int cmd_bench(const Flags& flags) {
                engine.config().device.c_str(), engine.config().num_kvcache_blocks, config.kvcache_block_size,
                double(engine.model_runner().kv_cache_bytes()) / (1 << 30), load_seconds);
 
-  // Warm-up, as bench.py: one short request with default sampling (temperature 1, 64 tokens).
-  engine.generate(std::vector<std::vector<int32_t>>{{1, 2, 3}}, {SamplingParams()});
+  engine.generate(std::vector<std::vector<int32_t>>{warm_up_prompt}, {SamplingParams()});  // the warm-up
   const EngineStats before = engine.stats();
 
   ProfiledBackend* profiler = nullptr;
