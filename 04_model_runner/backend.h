@@ -205,6 +205,11 @@ class Backend {
                                  meta, shape);
     linear_add_rmsnorm(out, residual, hidden, attn_out, o_proj, norm_weight, eps);
   }
+  // A hint, called after a layer's attention with the next layer's cache: a backend may bring part of that
+  // cache's blocks of this step closer (the GPU in a captured decode step of 16-128 rows: the first keys of each
+  // block into the L2, on a branch of the graph beside the projections; 05_attention/kv_warm.cu). Nothing is
+  // written that any operation reads; by default nothing happens.
+  virtual void warm_kv_cache(const Tensor& /*k_cache*/, const Tensor& /*v_cache*/, const AttentionMetadata& /*meta*/) {}
   // out (n, inter) act = silu(gate) * up, gate_up (n, 2 * inter) act.
   virtual void silu_and_mul(const Tensor& out, const Tensor& gate_up) = 0;
   // out (n, inter) act = silu_and_mul(linear(x, weight)): the MLP's gate_up projection, weight (2 inter, in)

@@ -97,6 +97,10 @@ class ProfiledBackend final : public Backend {
                                     const HeadLayout& heads, float eps, const AttentionMetadata& meta,
                                     const AttentionShape& shape, const Tensor& o_proj,
                                     const Tensor& norm_weight) override;
+  // A hint that does something only while a graph is captured (the GPU's): passed on, not timed.
+  void warm_kv_cache(const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta) override {
+    inner_->warm_kv_cache(k_cache, v_cache, meta);
+  }
   void silu_and_mul(const Tensor& out, const Tensor& gate_up) override;
   bool fuses_linear_silu(int64_t num_rows) const override { return inner_->fuses_linear_silu(num_rows); }
   void linear_silu_and_mul(const Tensor& out, const Tensor& gate_up, const Tensor& x, const Tensor& weight) override;

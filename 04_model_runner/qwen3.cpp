@@ -242,13 +242,14 @@ void Qwen3Model::forward_hidden(Backend& b, const ForwardInputs& in, const Qwen3
     if (in.attention.is_prefill && l + 1 == num_layers)
       forward_last_layer_of_prefill(b, in, ws, rows, weights_.layers[l], next_norm, k_caches[l], v_caches[l]);
     else
-      forward_layer(b, in, ws, rows, weights_.layers[l], next_norm, k_caches[l], v_caches[l]);
+      forward_layer(b, in, ws, rows, weights_.layers[l], next_norm, k_caches[l], v_caches[l],
+                    l + 1 < num_layers ? &k_caches[l + 1] : nullptr, l + 1 < num_layers ? &v_caches[l + 1] : nullptr);
   }
 }
 
 void Qwen3Model::forward_layer(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const StepRows& rows,
                                const Qwen3Weights::Layer& w, const Tensor& next_norm, const Tensor& k_cache,
-                               const Tensor& v_cache) {
+                               const Tensor& v_cache, const Tensor* next_k_cache, const Tensor* next_v_cache) {
   const float eps = float(config_.rms_norm_eps);
   b.linear_before_attention(rows.qkv, rows.normed, w.qkv_proj);
   // q/k RMSNorm + RoPE, then K/V into the cache (nano-vllm: rotary_emb, then Attention's store_kvcache),
@@ -267,6 +268,8 @@ void Qwen3Model::forward_layer(Backend& b, const ForwardInputs& in, const Qwen3W
     // o_proj, and the MLP block's norm.
     project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.attn_out, w.o_proj, w.post_attention_layernorm);
   }
+  // While the MLP and the next qkv run, the next layer's cache may be brought closer (a hint; the GPU's graphs).
+  if (next_k_cache) b.warm_kv_cache(*next_k_cache, *next_v_cache, in.attention);
   b.linear_silu_and_mul(rows.mlp_act, rows.gate_up, rows.normed, w.gate_up_proj);  // one kernel where the backend fuses them
   // down_proj, and the norm after the layer.
   project_add_norm(b, rows.normed, rows.residual, rows.hidden, rows.mlp_act, w.down_proj, next_norm);

@@ -138,10 +138,11 @@ class Qwen3Model {
   // after the last layer the model's final norm) of the updated residual: in rows.normed, or for a prefill's
   // last layer in rows.head_input.
   //
-  // forward_layer: one decoder layer over all T rows.
+  // forward_layer: one decoder layer over all T rows; next_k_cache and next_v_cache, the next layer's cache
+  // (null after the last), are handed to Backend::warm_kv_cache after attention.
   void forward_layer(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws, const StepRows& rows,
                      const Qwen3Weights::Layer& w, const Tensor& next_norm, const Tensor& k_cache,
-                     const Tensor& v_cache);
+                     const Tensor& v_cache, const Tensor* next_k_cache, const Tensor* next_v_cache);
   // A prefill's last layer: K/V of all T rows into the cache, the rest on each sequence's last row only,
   // written to rows.head_input (B rows).
   void forward_last_layer_of_prefill(Backend& b, const ForwardInputs& in, const Qwen3Workspace& ws,

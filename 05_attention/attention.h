@@ -181,5 +181,15 @@ void decode_attention_o_proj_cuda(float* partials, const bf16* o_proj, int hidde
                                   const AttentionShape& shape, float* scratch, int version, const QkNormRopeInputs& qk,
                                   cudaStream_t stream);
 
+// The first keys of every cache block a decode step reads, brought into the L2 ahead of attention (kv_warm.cu):
+// block e of sequence s (block_tables (num_seqs, table_width) i32, context_lens (num_seqs,) i32) gives its
+// first floor(valid * budget_bytes / (all * kv_dim * 4)) keys, K and V, where valid is its keys and all the
+// sum of context_lens; every key where the budget covers them all. Writes only *checksum ^= the XOR of the
+// 32-bit words it read (so that a test can tell which ones, and the loads are not dead code). A hint: attention
+// reads the same bits with or without it. kv_dim a multiple of 8.
+void kv_warm_cuda(const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* context_lens,
+                  int table_width, int num_seqs, int block_size, int kv_dim, int64_t budget_bytes, unsigned* checksum,
+                  cudaStream_t stream);
+
 }  // namespace nanovllm
 #endif

@@ -32,6 +32,11 @@
 //   fused, no key     the same with every slot -1: the q work without the new key's write
 // Each way reads a cache of one repeated value first (cudaMemset), then cp.async, + tensor work and the two
 // engine ways run again on a cache of random values, whose reads toggle the memory's lines as a real cache's do.
+// Last, the fused engine way once more, timed alone after part of the cache was asked of the L2 (warm_l2): the
+// L2 emptied, the first 64, 128 or 256 keys of every cache block asked for in one of four ways (the copy
+// engine's bulk prefetch, prefetch.global.L2 a line, the same evict-last, or real loads), then 0, 8 or 30 MB of
+// other data streamed, as a layer's projections would between (04_model_runner/NOTES.md section 19;
+// 05_attention/kv_warm.cu, which the engine runs, took the loads).
 // Prints the copy bandwidth (cudaMemcpy, read + write) and each way's GB/s of K and V read.
 // With a spread S (third argument), each sequence's context is drawn from context - S .. context + S (a fixed
 // seed) and the rows come longest first, as a step of `bench` gives them (04_model_runner/NOTES.md section 12):
@@ -300,6 +305,53 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
 }
 
 // Element i of a bf16 array: a random value in (-2, 2) from a hash of i and seed (xorshift-multiply).
+// Asks the L2 for the first `keys` slots of every block of the cache each sequence's table names (K and V), so
+// that each split of the engine's grid finds about the same share of its keys there. One block per (table
+// entry, sequence); `how` is the way it asks:
+//   0 bulk      one cp.async.bulk.prefetch.L2 of the whole run from thread 0 (the copy engine; no data returns)
+//   1 lines     prefetch.global.L2 on every 128-byte line, the block's threads in turn
+//   2 last      the same, marked evict-last, so that a stream read between the asking and attention evicts
+//               other lines first
+//   3 loads     real 16-byte loads into registers, XORed into the sink: lines that surely were read
+__global__ void warm_l2(Cache c, int keys, int how) {
+  const int entry = blockIdx.x, s = blockIdx.y;
+  const int valid = min(keys, c.context_lens[s] - entry * kBlockSize);
+  if (valid <= 0) return;
+  const size_t first = size_t(c.block_table[s * c.table_width + entry]) * kBlockSize * kKvDim;
+  const uint32_t bytes = uint32_t(valid) * kKvDim * sizeof(bf16);
+  for (const bf16* base : {c.k + first, c.v + first}) {
+    const char* run = reinterpret_cast<const char*>(base);
+    if (how == 0) {
+      if (threadIdx.x == 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(run), "r"(bytes) : "memory");
+    } else if (how == 1 || how == 2) {
+      for (uint32_t at = threadIdx.x * 128; at < bytes; at += blockDim.x * 128) {
+        if (how == 1)
+          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(run + at));
+        else
+          asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(run + at));
+      }
+    } else {
+      uint4 x = {0, 0, 0, 0};
+      for (uint32_t at = threadIdx.x * 16; at < bytes; at += blockDim.x * 16) {
+        const uint4 y = *reinterpret_cast<const uint4*>(run + at);
+        x.x ^= y.x, x.y ^= y.y, x.z ^= y.z, x.w ^= y.w;
+      }
+      if ((x.x ^ x.y ^ x.z ^ x.w) == 0x9e3779b9u) *c.sink = x.x;
+    }
+  }
+}
+
+// Reads n 16-byte words once, as a projection reads its weights (or, four times the L2, to empty it).
+__global__ void stream_through(const uint4* data, size_t n, unsigned* sink) {
+  uint4 x = {0, 0, 0, 0};
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 y = data[i];
+    x.x ^= y.x, x.y ^= y.y, x.z ^= y.z, x.w ^= y.w;
+  }
+  if ((x.x ^ x.y ^ x.z ^ x.w) == 0x9e3779b9u) *sink = x.x;
+}
+
 __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 0x9e3779b1u ^ uint32_t(i >> 32) ^ seed;
@@ -488,5 +540,65 @@ int main(int argc, char** argv) {
   }
   run_engine(false, "engine");
   run_engine(true, "engine fused");
+
+  // Does part of the cache asked of the L2 beforehand reach attention? Between two attentions a step's
+  // projections leave the memory mostly idle (04_model_runner/NOTES.md, section 13), time in which some of the
+  // next layer's K/V could come into the L2. Each pass: the L2 emptied (four times its size streamed through),
+  // the first `keys` slots of every cache block asked for (a way of warm_l2), `between` MB of other data streamed
+  // (a layer's projections read 8 MB for qkv alone, 30 MB for all four), then the engine's fused attention,
+  // timed alone; the median of 9 passes. The warm kernel's own time is given after an emptied L2 as well.
+  int l2_bytes = 0;
+  CK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+  const size_t empty_words = 4 * size_t(l2_bytes) / 16, between_words_max = (size_t(30) << 20) / 16;
+  uint4 *emptier, *weights;
+  CK(cudaMalloc(&emptier, empty_words * 16));
+  CK(cudaMalloc(&weights, between_words_max * 16));
+  CK(cudaMemset(emptier, 1, empty_words * 16));
+  CK(cudaMemset(weights, 2, between_words_max * 16));
+  cudaEvent_t warm_start, warm_stop;
+  CK(cudaEventCreate(&warm_start));
+  CK(cudaEventCreate(&warm_stop));
+  std::printf("  part of the cache asked of the L2 first (L2 %d MB; attention alone, median of 9 passes, us):\n",
+              l2_bytes >> 20);
+  std::printf("  %-8s %6s %8s | %9s %9s %9s | %s\n", "way", "keys", "MB", "0 MB", "8 MB", "30 MB",
+              "the warm kernel alone, us");
+  const char* way_names[] = {"bulk", "lines", "last", "loads"};
+  const int grid_blocks = 4 * sms;
+  for (int how = -1; how < 4; how++)
+    for (int keys : {64, 128, 256}) {
+      if (how < 0 && keys != 64) continue;  // the baseline: nothing asked for
+      double warmed = 0;
+      for (int len : lens)
+        for (int e = 0; e * kBlockSize < len; e++) warmed += std::min(keys, len - e * kBlockSize);
+      warmed *= kKvDim * sizeof(bf16) * 2;
+      std::printf("  %-8s %6d %8.1f |", how < 0 ? "none" : way_names[how], how < 0 ? 0 : keys, how < 0 ? 0.0 : warmed / 1e6);
+      float warm_us = 0;
+      for (size_t between_mb : {0, 8, 30}) {
+        std::vector<float> times;
+        for (int pass = 0; pass < 9; pass++) {
+          stream_through<<<grid_blocks, 256, 0, stream>>>(emptier, empty_words, sink);
+          CK(cudaEventRecord(warm_start, stream));
+          if (how >= 0)
+            warm_l2<<<dim3(unsigned(table_width), unsigned(sequences)), 256, 0, stream>>>(cache, keys, how);
+          CK(cudaEventRecord(warm_stop, stream));
+          if (between_mb > 0)
+            stream_through<<<grid_blocks, 256, 0, stream>>>(weights, (between_mb << 20) / 16, sink);
+          CK(cudaEventRecord(start, stream));
+          decode_attention_fused_cuda(attn_out, q_dim, qkv, qkv_dim, k, v, context_lens, block_table, table_width,
+                                      sequences, max_context, shape, scratch, kAttentionVersionDefault, qk, stream);
+          CK(cudaEventRecord(stop, stream));
+          CK(cudaEventSynchronize(stop));
+          float ms = 0, warm_ms = 0;
+          CK(cudaEventElapsedTime(&ms, start, stop));
+          CK(cudaEventElapsedTime(&warm_ms, warm_start, warm_stop));
+          times.push_back(ms * 1000);
+          if (between_mb == 0 && pass == 4) warm_us = warm_ms * 1000;
+        }
+        std::sort(times.begin(), times.end());
+        std::printf(" %9.1f", times[4]);
+      }
+      std::printf(" | %.1f\n", warm_us);
+    }
+  CK(cudaGetLastError());
   return 0;
 }
