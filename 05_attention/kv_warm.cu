@@ -1,12 +1,12 @@
 // kv_warm.cu: part of a layer's KV cache brought into the L2 while the projections before its attention run.
 //
-// Idea:     between two attentions a decode step runs o_proj, the MLP and qkv, whose weights (26 MB a layer for
+// Idea:     between two attentions a decode step runs o_proj, the MLP and qkv, whose weights (31 MB a layer for
 //           Qwen3-0.6B) come from memory at a fraction of its bandwidth: at 16 rows the memory idles for most of
 //           the ~19 us they take. Attention then streams its K/V from DRAM, each of its blocks over a share of a
 //           sequence's keys. If the first share of every cache block the step uses is already in the L2, every
 //           one of attention's blocks finishes that much sooner. The engine launches this kernel on a branch of
-//           the captured step's graph, beside the projections, right after a layer's attention (ahead of the
-//           next layer's): nothing waits for it.
+//           the captured step's graph, beside the projections, after a layer's attention and o_proj (for the
+//           next layer's attention): nothing waits for it.
 // Why loads: the probe (tests/kv_stream_probe.cu, "asked of the L2 first") found real loads worth two to three
 //           times what prefetch instructions are (prefetch.global.L2, its evict_last form, or the copy engine's
 //           cp.async.bulk.prefetch.L2) for the same bytes: attention at 16 sequences 22.0 us after 16.8 MB loaded
