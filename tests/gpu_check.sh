@@ -19,7 +19,8 @@
 #              barrier, an input polled by its tags), 04_model_runner/NOTES.md section 9
 #   probe      tests/kv_stream_probe.cu: how fast a paged KV cache can be read, what of v9's work costs
 #              bandwidth, and the engine's own decode attention on the same cache (05_attention/NOTES.md, "What
-#              the KV stream allows"), at 4 (sequences, context) points
+#              the KV stream allows"), also after part of the cache was brought into the L2 (04 NOTES, section
+#              19), at 4 (sequences, context) points
 #   gap        tests/step_gap_probe.cu: what the device waits between two graph replays for the copies queued
 #              between them, and with the graph doing its own transfers (04_model_runner/NOTES.md section 3)
 #   timeline   tests/timeline.cpp (CUPTI, loaded through CUDA_INJECTION64_PATH): bench-step's graph at batch
