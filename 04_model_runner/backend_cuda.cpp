@@ -136,6 +136,7 @@ class CudaBackend final : public Backend {
   bool supports_graphs() const override { return true; }
   void begin_capture() override {
     capture_pulls_ = false;
+    warm_branches_ = 0;  // none from a capture that ended in an error
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   }
   int end_capture() override {
