@@ -377,48 +377,52 @@ TEST(Ch05_AttentionCuda, KvWarmReadsEachBlocksShareOfItsBudget) {
   // attention.h says it reads (each block's first floor(valid * budget / step bytes) keys of K and of V, or
   // all of them), on a random cache with scrambled tables, ragged contexts ending mid-block, a padding row
   // (context 0) and a table wider than any context (as under a CUDA graph): a key too many or too few, or a
-  // wrong block, changes the XOR.
+  // wrong block, changes the XOR. Two shapes: small blocks, where a thread loads once a run, and Qwen3-0.6B's
+  // (8 KV heads of 128, blocks of 256: 512 KB a run, 16 rounds of 8 loads a thread).
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(13);
-  const AttentionShape s = shape_of(8, 2, 64, 16);  // kv_dim 128: a key is 256 bytes of K and 256 of V
-  const int kv_dim = s.num_kv_heads * s.head_dim;
-  const std::vector<int> context = {40, 17, 0, 5, 33};
-  Problem p = make_problem(s, context, rng);
-  const int width = p.width + 2;  // two table entries past every context
-  std::vector<int32_t> table(context.size() * width, -1);
-  for (size_t b = 0; b < context.size(); b++)
-    std::copy_n(p.block_tables.begin() + b * p.width, p.width, table.begin() + b * width);
-  const std::vector<bf16> k = to_bf16(p.k_cache), v = to_bf16(p.v_cache);
-  DeviceArray<bf16> d_k(k), d_v(v);
-  DeviceArray<int32_t> d_ctx(context), d_bt(table);
-  const int64_t all_keys = std::accumulate(context.begin(), context.end(), int64_t(0));
-  const int64_t step_bytes = all_keys * kv_dim * 2 * 2;  // K and V, bf16
-  auto words_xor = [](const std::vector<bf16>& cache, size_t first, size_t elements) {
-    uint32_t x = 0;
-    for (size_t i = 0; i < elements; i += 2) {
-      uint32_t word;
-      std::memcpy(&word, &cache[first + i], sizeof(word));
-      x ^= word;
-    }
-    return x;
-  };
-  for (int64_t budget : {int64_t(0), step_bytes / 3, step_bytes / 2, step_bytes - 1, step_bytes, 10 * step_bytes}) {
-    uint32_t want = 0;
-    int64_t keys_read = 0;
+  const std::vector<std::pair<AttentionShape, std::vector<int>>> cases = {
+      {shape_of(8, 2, 64, 16), {40, 17, 0, 5, 33}},  // kv_dim 128: a key is 256 bytes of K and 256 of V
+      {shape_of(16, 8, 128, 256), {700, 300, 0, 257}}};
+  for (const auto& [s, context] : cases) {
+    const int kv_dim = s.num_kv_heads * s.head_dim;
+    Problem p = make_problem(s, context, rng);
+    const int width = p.width + 2;  // two table entries past every context
+    std::vector<int32_t> table(context.size() * width, -1);
     for (size_t b = 0; b < context.size(); b++)
-      for (int e = 0; e < width; e++) {
-        const int valid = std::min(s.block_size, context[b] - e * s.block_size);
-        if (valid <= 0) continue;
-        const int keys = budget >= step_bytes ? valid : int(int64_t(valid) * budget / step_bytes);
-        const size_t first = size_t(table[b * width + e]) * s.block_size * kv_dim;
-        want ^= words_xor(k, first, size_t(keys) * kv_dim) ^ words_xor(v, first, size_t(keys) * kv_dim);
-        keys_read += keys;
+      std::copy_n(p.block_tables.begin() + b * p.width, p.width, table.begin() + b * width);
+    const std::vector<bf16> k = to_bf16(p.k_cache), v = to_bf16(p.v_cache);
+    DeviceArray<bf16> d_k(k), d_v(v);
+    DeviceArray<int32_t> d_ctx(context), d_bt(table);
+    const int64_t all_keys = std::accumulate(context.begin(), context.end(), int64_t(0));
+    const int64_t step_bytes = all_keys * kv_dim * 2 * 2;  // K and V, bf16
+    auto words_xor = [](const std::vector<bf16>& cache, size_t first, size_t elements) {
+      uint32_t x = 0;
+      for (size_t i = 0; i < elements; i += 2) {
+        uint32_t word;
+        std::memcpy(&word, &cache[first + i], sizeof(word));
+        x ^= word;
       }
-    DeviceArray<unsigned> checksum(std::vector<unsigned>{0u});
-    kv_warm_cuda(d_k.ptr, d_v.ptr, d_bt.ptr, d_ctx.ptr, width, int(context.size()), s.block_size, kv_dim, budget,
-                 checksum.ptr, 0);
-    EXPECT_EQ(checksum.get()[0], want) << "budget " << budget << " of " << step_bytes << " bytes (" << keys_read
-                                       << " of " << all_keys << " keys)";
+      return x;
+    };
+    for (int64_t budget : {int64_t(0), step_bytes / 3, step_bytes / 2, step_bytes - 1, step_bytes, 10 * step_bytes}) {
+      uint32_t want = 0;
+      int64_t keys_read = 0;
+      for (size_t b = 0; b < context.size(); b++)
+        for (int e = 0; e < width; e++) {
+          const int valid = std::min(s.block_size, context[b] - e * s.block_size);
+          if (valid <= 0) continue;
+          const int keys = budget >= step_bytes ? valid : int(int64_t(valid) * budget / step_bytes);
+          const size_t first = size_t(table[b * width + e]) * s.block_size * kv_dim;
+          want ^= words_xor(k, first, size_t(keys) * kv_dim) ^ words_xor(v, first, size_t(keys) * kv_dim);
+          keys_read += keys;
+        }
+      DeviceArray<unsigned> checksum(std::vector<unsigned>{0u});
+      kv_warm_cuda(d_k.ptr, d_v.ptr, d_bt.ptr, d_ctx.ptr, width, int(context.size()), s.block_size, kv_dim, budget,
+                   checksum.ptr, 0);
+      EXPECT_EQ(checksum.get()[0], want) << "block size " << s.block_size << ", budget " << budget << " of "
+                                         << step_bytes << " bytes (" << keys_read << " of " << all_keys << " keys)";
+    }
   }
 }
 
