@@ -262,10 +262,11 @@ class CudaBackend final : public Backend {
                               eps, stream_);
   }
   // In a captured decode step of kWarmKvMinRows-kWarmKvMaxRows rows with one rank, the next layer's first keys
-  // into the L2 (kv_warm_cuda, kWarmKvBytes a layer) on a branch of the graph that forks here, after the
-  // layer's attention and o_proj, and joins at the graph's end: the projections' chain never waits for it.
-  // Measured on an H100 (04_model_runner/NOTES.md, section 19): the graph step 3% faster at 16 rows, 1% at 64;
-  // the prototype 2% at 32, 0.6% at 128 and 1.4% slower at 256. Not eagerly, where it was not measured.
+  // into the L2 (kv_warm_cuda, warm_kv_budget bytes a layer) on a branch of the graph that forks here, after
+  // the layer's attention and o_proj, and joins at the graph's end: the projections' chain never waits for it.
+  // Measured on an H100 (04_model_runner/NOTES.md, section 19), with v6's weights marked evict-first: the graph
+  // step 5% faster at 16 rows and 1.4% at 64 than with no branch, 1.9% faster at 32 than 8 MiB unmarked; the
+  // first version 0.6% at 128 and 1.4% slower at 256. Not eagerly, where it was not measured.
   void warm_kv_cache(const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta) override {
     if (meta.is_prefill || group_.size != 1 || meta.num_seqs < kWarmKvMinRows || meta.num_seqs > kWarmKvMaxRows)
       return;
@@ -281,7 +282,8 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamWaitEvent(warm_stream_, warm_fork_, 0));
     kv_warm_cuda(b16(k_cache), b16(v_cache), i32(meta.block_tables), i32(meta.context_lens),
                  int(meta.block_tables.shape[1]), meta.num_seqs, int(k_cache.shape[1]),
-                 int(k_cache.shape[2] * k_cache.shape[3]), kWarmKvBytes, static_cast<unsigned*>(warm_checksum_.data()),
+                 int(k_cache.shape[2] * k_cache.shape[3]), warm_kv_budget(meta.num_seqs),
+                 static_cast<unsigned*>(warm_checksum_.data()),
                  warm_stream_);
     CUDA_CHECK(cudaEventRecord(warm_joins_[size_t(warm_branches_++)], warm_stream_));
   }
@@ -395,8 +397,11 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   // warm_kv_cache: the branch's stream, its fork, one join event a branch of the graph being captured (reused
   // from one capture to the next), how many branches that capture has, and the loads' checksum (read by nobody).
-  static constexpr int kWarmKvMinRows = 16, kWarmKvMaxRows = 128;
-  static constexpr int64_t kWarmKvBytes = int64_t(8) << 20;
+  // The budget, bytes a layer: 16 MiB up to 32 rows, 8 MiB above, the best of 4-24 MiB measured at 16, 32 and
+  // 64 rows with the projections' weights marked evict-first (v6's copies of W, linear_wgmma.cu).
+  static constexpr int kWarmKvMinRows = 16, kWarmKvMaxRows = 128, kWarmKvFewRows = 32;
+  static constexpr int64_t kWarmKvFewRowsBytes = int64_t(16) << 20, kWarmKvBytes = int64_t(8) << 20;
+  static int64_t warm_kv_budget(int rows) { return rows <= kWarmKvFewRows ? kWarmKvFewRowsBytes : kWarmKvBytes; }
   cudaStream_t warm_stream_ = nullptr;
   cudaEvent_t warm_fork_ = nullptr;
   std::vector<cudaEvent_t> warm_joins_;

@@ -14,7 +14,8 @@
 // How much: a fixed budget of bytes a layer, spread over the step's keys in proportion: each cache block gives
 //           its first floor(valid x budget / all) keys, where valid is the block's keys and all the step's (sum
 //           of context_lens). Under a graph the budget holds at any context, since the kernel reads the
-//           contexts at replay. About 8 MB a layer was the best of 2-12 MB at 16 and 64 rows
+//           contexts at replay. The engine asks for 16 MiB a layer up to 32 rows and 8 MiB above, the best of
+//           2-24 MB at 16, 32 and 64 rows once the projections' weights leave the L2 first
 //           (04_model_runner/NOTES.md, section 19).
 // Launch:   grid (table_width, num_seqs) of 256 threads; block (e, s) reads cache block table[s][e], K then V,
 //           16 bytes a thread and load, 8 loads in flight a thread.

@@ -102,6 +102,14 @@ __device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, int k0, in
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(barrier)
       : "memory");
 }
+// tma_load under an L2 cache policy (l2_evict_first_policy, 01_sequence/base/ptx.cuh), the same bytes.
+__device__ inline void tma_load(uint32_t dst, const CUtensorMap* map, int k0, int row0, uint32_t barrier,
+                                uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(barrier), "l"(policy)
+      : "memory");
+}
 // wgmma's shared-memory descriptor for a K-major operand in the 128-byte swizzle (01_sequence/base/ptx.cuh,
 // wgmma_descriptor): the k-th 16-wide slice of a stage starts 32 k bytes into its rows.
 __device__ inline uint64_t swizzled_operand(uint32_t address) { return wgmma_descriptor(address); }
@@ -191,14 +199,20 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
   auto barrier = [&](int t) { return smem_address(&landed[t % kStages]); };
   // Thread 0 issues the copies. load_w announces the whole stage's bytes (W's and x's) on its barrier and
   // copies W; load_x, issued after the wait, completes the same phase.
+  // W's lines are the first the L2 evicts: a step reads each weight once (a row tile each above 128 rows), and
+  // what the L2 should keep instead is the next attention's keys that kv_warm_cuda loads beside these kernels
+  // (05_attention/kv_warm.cu). Measured on an H100 with it (04_model_runner/NOTES.md, section 19): the graph
+  // step 1.410 against 1.447 ms at 16 rows with the warm's budget doubled, 3.279 against 3.293 at 64, and 0.2%
+  // slower at 128 rows.
+  const uint64_t w_policy = l2_evict_first_policy();
   auto load_w = [&](int t) {
     mbarrier_arrive_expecting(barrier(t), B::kStageBytes);
     if (SILU) {  // boxes of BN / 2 rows: the gate rows, then the up rows (8-row swizzle groups: no seam)
-      tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, gate0, barrier(t));
+      tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, gate0, barrier(t), w_policy);
       tma_load(w_stage(t % kStages) + uint32_t(BN / 2 * 128), &w_map, (t_begin + t) * kStageIn, half + gate0,
-               barrier(t));
+               barrier(t), w_policy);
     } else {
-      tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, out0, barrier(t));
+      tma_load(w_stage(t % kStages), &w_map, (t_begin + t) * kStageIn, out0, barrier(t), w_policy);
     }
   };
   auto load_x = [&](int t) { tma_load(x_stage(t % kStages), &x_map, (t_begin + t) * kStageIn, row0, barrier(t)); };
