@@ -304,7 +304,6 @@ __global__ void __launch_bounds__(kWarps * 32) probe_kernel(Cache c, const __gri
   if (used == 0x9e3779b9u) c.sink[0] = used;
 }
 
-// Element i of a bf16 array: a random value in (-2, 2) from a hash of i and seed (xorshift-multiply).
 // Asks the L2 for the first `keys` slots of every block of the cache each sequence's table names (K and V), so
 // that each split of the engine's grid finds about the same share of its keys there. One block per (table
 // entry, sequence); `how` is the way it asks:
@@ -352,6 +351,7 @@ __global__ void stream_through(const uint4* data, size_t n, unsigned* sink) {
   if ((x.x ^ x.y ^ x.z ^ x.w) == 0x9e3779b9u) *sink = x.x;
 }
 
+// Element i of a bf16 array: a random value in (-2, 2) from a hash of i and seed (xorshift-multiply).
 __global__ void fill_random(bf16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 0x9e3779b1u ^ uint32_t(i >> 32) ^ seed;
