@@ -19,6 +19,8 @@
 //           (04_model_runner/NOTES.md, section 19).
 // Launch:   grid (table_width, num_seqs) of 256 threads; block (e, s) reads cache block table[s][e], K then V,
 //           16 bytes a thread and load, 8 loads in flight a thread.
+//           A faster warm (4 or 16 blocks a cache block) made the 16-row step slower, and 4 loads in flight a
+//           thread changed nothing (04_model_runner/NOTES.md, section 19, "A faster warm").
 #include "05_attention/attention.h"
 
 #include "01_sequence/base/cuda_utils.h"
