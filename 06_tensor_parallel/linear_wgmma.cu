@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(128 * WG, SAMPLE ? 2 : 1)
   // what the L2 should keep instead is the next attention's keys that kv_warm_cuda loads beside these kernels
   // (05_attention/kv_warm.cu). Measured on an H100 with it (04_model_runner/NOTES.md, section 19): the graph
   // step 1.410 against 1.447 ms at 16 rows with the warm's budget doubled, 3.279 against 3.293 at 64, and 0.2%
-  // slower at 128 rows.
+  // slower at 128 rows. The mark kept to 64 rows and left off above measured no different at 128 and 192 rows,
+  // where the row tiles reread W (the same section, "A faster warm").
   const uint64_t w_policy = l2_evict_first_policy();
   auto load_w = [&](int t) {
     mbarrier_arrive_expecting(barrier(t), B::kStageBytes);
