@@ -266,7 +266,9 @@ class CudaBackend final : public Backend {
   // the layer's attention and o_proj, and joins at the graph's end: the projections' chain never waits for it.
   // Measured on an H100 (04_model_runner/NOTES.md, section 19), with v6's weights marked evict-first: the graph
   // step 5% faster at 16 rows and 1.4% at 64 than with no branch, 1.9% faster at 32 than 8 MiB unmarked; the
-  // first version 0.6% at 128 and 1.4% slower at 256. Not eagerly, where it was not measured.
+  // first version 0.6% at 128 and 1.4% slower at 256. Not eagerly, where it was not measured. Not below 16 rows:
+  // switched on from 8 or 4 rows, it made those steps 0.03-0.04 and 0.40 ms slower on an H200 (the same section,
+  // "The warm as kept, from 8 or 4 rows").
   void warm_kv_cache(const Tensor& k_cache, const Tensor& v_cache, const AttentionMetadata& meta) override {
     if (meta.is_prefill || group_.size != 1 || meta.num_seqs < kWarmKvMinRows || meta.num_seqs > kWarmKvMaxRows)
       return;
