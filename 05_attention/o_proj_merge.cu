@@ -36,6 +36,10 @@ constexpr int kMaxHeadsPerBlock = kOProjMergeMaxColumns / 64;    // G: the colum
 template <int HEAD_DIM, int CHUNKS>
 __global__ void __launch_bounds__(kMergeWarps * 32)
     o_proj_merge_kernel(AttentionParams p, float* partials, const bf16* W, int hidden) {
+  // The norm after this kernel reads nothing but its weight before its wait, so it may start now, and let
+  // gate_up in, whose 12.6 MB of weights then stream while attention and this merge run, not after this
+  // kernel's wait (cuda_utils.h; NOTES.md, "One block an SM, and the MLP's weights sooner").
+  allow_next_kernel();
   const int kv_head = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int G = p.num_heads / p.num_kv_heads, columns = G * HEAD_DIM;  // this block's columns of W: C
   const int row_chunks = p.num_heads * HEAD_DIM / 8;                   // a W row in 16-byte chunks
@@ -57,7 +61,6 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   const int partition_size = context == 0 ? 1 : partition_size_for(p, context);
   const int parts = (context + partition_size - 1) / partition_size;  // as the combine counts them
   wait_for_previous_kernel();  // attention's partials are written
-  allow_next_kernel();
 
   // Attention's output for the block's C columns, merged over the sequence's `parts` partitions with
   // decode_combine_kernel's formula in its order (v2_split_k.cu), so its bits:
@@ -136,14 +139,25 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
   }
 }
 
+// Grid (num_kv_heads, ceil(hidden / 64)) of kMergeWarps warps; a grid no larger than the GPU's SM count
+// (Qwen3-0.6B: 8 x 16 = 128) is held to one block an SM by shared memory it never uses (cuda_utils.h,
+// one_block_per_sm_smem_bytes). Measured (H100, batch 1): packed two to an SM on about half the SMs, the
+// step took ~0.02 ms longer (NOTES.md, "One block an SM, and the MLP's weights sooner").
+template <int HEAD_DIM, int CHUNKS>
+void launch_with_chunks(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream) {
+  const dim3 grid(unsigned(p.num_kv_heads), unsigned((hidden + kOutputsPerBlock - 1) / kOutputsPerBlock));
+  const auto kernel = o_proj_merge_kernel<HEAD_DIM, CHUNKS>;
+  const int spread_bytes = one_block_per_sm_smem_bytes();
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), spread_bytes, stream);
+  const bool spread = int(grid.x * grid.y) <= multiprocessor_count();
+  launch_overlapped(kernel, grid, kMergeWarps * 32, spread ? spread_bytes : 0, stream, p, partials, W, hidden);
+}
+
 template <int HEAD_DIM>
 void launch_for_head_dim(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream) {
-  const dim3 grid(unsigned(p.num_kv_heads), unsigned((hidden + kOutputsPerBlock - 1) / kOutputsPerBlock));
   const int columns = p.num_heads / p.num_kv_heads * HEAD_DIM;
-  if (columns <= kColumnsPerChunk)
-    launch_overlapped(o_proj_merge_kernel<HEAD_DIM, 1>, grid, kMergeWarps * 32, 0, stream, p, partials, W, hidden);
-  else
-    launch_overlapped(o_proj_merge_kernel<HEAD_DIM, 2>, grid, kMergeWarps * 32, 0, stream, p, partials, W, hidden);
+  if (columns <= kColumnsPerChunk) launch_with_chunks<HEAD_DIM, 1>(p, partials, W, hidden, stream);
+  else launch_with_chunks<HEAD_DIM, 2>(p, partials, W, hidden, stream);
 }
 
 }  // namespace

@@ -54,6 +54,8 @@
 //   So the softmax statistics of row r live in the quad of lanes 4r..4r+3 (S's layout), while the output
 //   of row r lives in lanes with t4 = r / 2: rescaling O fetches alpha of rows 2 t4 and 2 t4 + 1 from
 //   lanes 8 t4 and 8 t4 + 4 (two shuffles per tile).
+#include <algorithm>
+
 #include "05_attention/kernels.cuh"
 #include "01_sequence/base/ptx.cuh"
 #include "05_attention/softmax.cuh"
@@ -543,13 +545,20 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
 }
 
 // Grid (max_partitions, num_kv_heads, num_seqs) of kWarpsV9 warps, kSmemBytes<HEAD_DIM, CLUSTER> of dynamic
-// shared memory; CLUSTER: clusters of (max_partitions, 1, 1), one a (sequence, KV head).
+// shared memory; CLUSTER: clusters of (max_partitions, 1, 1), one a (sequence, KV head). Without clusters, a
+// grid no larger than the GPU's SM count (one sequence: 16 splits x 8 KV heads = 128 blocks) asks for more,
+// which it never uses, so that its blocks land one an SM (cuda_utils.h, one_block_per_sm_smem_bytes).
+// Measured (H100, batch 1): packed two to an SM on 65-72 SMs, the step took ~0.03 ms longer
+// (04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's weights sooner").
 template <int HEAD_DIM, bool CLUSTER>
 void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));
-  const int smem_bytes = kSmemBytes<HEAD_DIM, CLUSTER>;
+  const int spread_bytes = std::max(kSmemBytes<HEAD_DIM, CLUSTER>, one_block_per_sm_smem_bytes());
+  const bool spread = !CLUSTER && int(grid.x * grid.y * grid.z) <= multiprocessor_count();
+  const int smem_bytes = spread ? spread_bytes : kSmemBytes<HEAD_DIM, CLUSTER>;
   const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
+  // The larger of the two, whichever this launch asks for: a graph captured later may ask for the other.
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), CLUSTER ? smem_bytes : spread_bytes, stream);
   // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
   // outside a capture; the warm-up before it launches the same kernels).
   if (CLUSTER && p.max_partitions > kPortableClusterSplits) {

@@ -533,6 +533,47 @@ TEST(Ch06_LinearCuda, GemvWithSiluMatchesCpuAndItsOwnProjection) {  // v2 and v5
   CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
 }
 
+// At one row gate_up's GEMV with its activation lets down_proj in at its start (linear_gemv.cu), before its own
+// wait, so down_proj's blocks may be loading their weights while the kernel before gate_up still runs. Here
+// that kernel is a long projection (65,536 inputs, 128 MB of weights) writing gate_up's input, and the three
+// run back to back on one stream, every intermediate poisoned (NaN) before each round: down_proj's output must
+// be the CPU's composition, which it is not if down_proj read the activations before gate_up had written them.
+TEST(Ch06_LinearCuda, DownProjLetInEarlyStillReadsGateUpsActivations) {  // v2
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(23);
+  CudaContext ctx;
+  const int long_in = 65536, hidden = 1024, inter = 3072;
+  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
+  const std::vector<float> x0 = random_bf16_values(size_t(long_in), rng);
+  const std::vector<float> w0 = random_bf16_values(size_t(hidden) * long_in, rng, 1.0f / std::sqrt(float(long_in)));
+  const std::vector<float> w1 = random_bf16_values(size_t(2 * inter) * hidden, rng, 2.0f / std::sqrt(float(hidden)));
+  const std::vector<float> w2 = random_bf16_values(size_t(hidden) * inter, rng, 1.0f / std::sqrt(float(inter)));
+  std::vector<float> x(size_t(hidden), 0.0f), gate_up(size_t(2 * inter), 0.0f), act(size_t(inter), 0.0f);
+  std::vector<float> want(size_t(hidden), 0.0f);
+  linear_cpu(x.data(), x0.data(), w0.data(), 1, long_in, hidden);
+  x = round_bf16(x);
+  linear_cpu(gate_up.data(), x.data(), w1.data(), 1, hidden, 2 * inter);
+  gate_up = round_bf16(gate_up);
+  for (int j = 0; j < inter; j++) {
+    const float g = gate_up[size_t(j)], u = gate_up[size_t(inter + j)];
+    act[size_t(j)] = g / (1.0f + std::exp(-g)) * u;
+  }
+  act = round_bf16(act);
+  linear_cpu(want.data(), act.data(), w2.data(), 1, inter, hidden);
+  DeviceArray<bf16> d_x0(to_bf16(x0)), d_w0(to_bf16(w0)), d_w1(to_bf16(w1)), d_w2(to_bf16(w2));
+  DeviceArray<bf16> d_x{size_t(hidden)}, d_act{size_t(inter)};
+  DeviceArray<float> d_y{size_t(hidden)};
+  for (int round = 0; round < 3; round++) {
+    d_x.poison(), d_act.poison(), d_y.poison();
+    CUDA_CHECK(cudaDeviceSynchronize());  // the uploads and the poison ran on the legacy stream
+    linear_gemv_cuda(d_x.ptr, false, d_x0.ptr, d_w0.ptr, 1, long_in, hidden, ctx.stream);
+    linear_gemv_silu_cuda(d_act.ptr, d_x.ptr, d_w1.ptr, 1, hidden, 2 * inter, ctx.stream);
+    linear_gemv_cuda(d_y.ptr, true, d_act.ptr, d_w2.ptr, 1, inter, hidden, ctx.stream);
+    CUDA_CHECK(cudaStreamSynchronize(ctx.stream));
+    EXPECT_LE(rel_error(d_y.get(), want), 1e-2) << "round " << round;
+  }
+}
+
 TEST(Ch06_LinearCuda, PrefetchPlansABlockPerSmWithinItsSharedMemory) {  // host logic only: no GPU needed
   auto expect_plan = [](int n, int in, int out, int blocks, int warps, int rows_per_warp) {
     const LinearPrefetchPlan p = linear_prefetch_plan(n, in, out, 132);

@@ -48,6 +48,10 @@ template <int MAX_N, class OutT, bool SILU = false>
 __global__ void __launch_bounds__(kWarps * 32)
     linear_gemv_kernel(OutT* y, const bf16* x, const bf16* W, int n, int in, int out, int splits) {
   static_assert(kRowsPerWarp == 2, "SILU's two rows are one feature's gate and up");
+  // With its activation this is the MLP's gate_up, and down_proj comes next, which reads nothing but its
+  // weights before its wait: let it in at once, so that its weights stream while this kernel runs instead
+  // of after its wait (cuda_utils.h; 04_model_runner/NOTES.md, section 9, "One block an SM").
+  if constexpr (SILU) allow_next_kernel();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int pairs = blockDim.x / 32 / splits;  // P
   const int split = warp / pairs, pair = blockIdx.x * pairs + warp % pairs;

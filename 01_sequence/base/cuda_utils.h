@@ -49,6 +49,19 @@ inline int multiprocessor_count(int device = -1) {
   return count;
 }
 
+// Dynamic shared memory that holds a kernel's blocks to one an SM: a block then asks for more than half of
+// what an SM has, so a second block of the same kernel never fits beside it (the bytes are never used).
+// Why a kernel would want that: launched overlapped, a grid's blocks enter while the kernel before still
+// holds SMs, and the block scheduler fills the SMs it finds room on, two blocks each, so a grid of one block
+// an SM ran on about half of them, each SM's loads shared by two blocks (04_model_runner/NOTES.md, section 9,
+// "One block an SM"). Only for a grid of at most multiprocessor_count() blocks: any more, and they wait.
+inline int one_block_per_sm_smem_bytes(int device = -1) {
+  if (device < 0) CUDA_CHECK(cudaGetDevice(&device));
+  int per_sm = 0;  // H100 and H200: 228 KB, of which each resident block also takes 1 KB for the system
+  CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  return per_sm / 2 + 1024;
+}
+
 // A kernel that needs more than 48 KB of dynamic shared memory must opt in, once on each device: a function's
 // attributes belong to the device's context, and tensor-parallel ranks run on several GPUs, each from its own
 // thread. `once` is the call site's (a static, one for each kernel); the attribute is set on the first call on
@@ -178,7 +191,11 @@ inline int start_successors_early(cudaGraph_t graph) {
 // A norm lets the next kernel in first: rmsnorm_kernel calls allow_next_kernel before its wait, so the
 // projection after it may start while the projection before it still runs (kernel i - 1). That is safe
 // because a projection reads nothing but its weights before its wait, and its wait still returns only once
-// the norm, and so everything before the norm, has completed.
+// the norm, and so everything before the norm, has completed. Two more kernels do the same at one decode
+// row, for the same reason: gate_up's GEMV with its activation (linear_gemv.cu) lets down_proj in, and
+// o_proj's merge of attention's splits (05_attention/o_proj_merge.cu) lets the norm in, whose weight is all
+// it reads before its wait; so at one row the norm, gate_up and down_proj may all be loading their weights
+// while attention still runs, each still waiting for the kernel just before it.
 __device__ inline void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
