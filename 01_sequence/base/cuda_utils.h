@@ -174,7 +174,7 @@ inline int start_successors_early(cudaGraph_t graph) {
 // writes may be touched before it. allow_next_kernel: this block no longer holds the next kernel back
 // (the next kernel's blocks may then take free SM slots and wait there). Most kernels call it right after
 // their wait; decode attention after its tile loop, so that o_proj's blocks do not compete with it; the
-// norms before their wait (below).
+// norms, and at one decode row gate_up's GEMV and o_proj's merge, before their wait (below).
 //
 // What a kernel may read before its wait: anything not written by the kernel just before it. A kernel
 // that calls allow_next_kernel after its own wait lets kernel i + 1 start only once all of kernel i's
