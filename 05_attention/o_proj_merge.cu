@@ -12,11 +12,14 @@
 // Adds:     over v10 with its combine: no combine kernel; o_proj split by KV head, each block writing its KV
 //           head's share of the projection, fp32, which the norm after it adds up (chapter 04's
 //           add_rmsnorm_partials_cuda, the same sum chapter 06's linear version 8 leaves to the norm).
-// Launch:   grid (num_kv_heads, ceil(hidden / 64)) of 8 warps. Block (g, j): W's rows j*64 .. j*64+63 (warp w
-//           its 8 rows j*64 + 8w ..), W's columns g*C .. g*C+C-1, C = G * head_dim (G query heads a KV head;
-//           Qwen3-0.6B: 2 x 128 = 256, one 16-byte chunk of a row a lane).
+// Launch:   grid (num_kv_heads, ceil(hidden / 64)) of 8 warps, one block an SM where the grid fits the GPU.
+//           Block (g, j): W's rows j*64 .. j*64+63 (warp w its 8 rows j*64 + 8w ..), W's columns g*C ..
+//           g*C+C-1, C = G * head_dim (G query heads a KV head; Qwen3-0.6B: 2 x 128 = 256, one 16-byte chunk of
+//           a row a lane). The next kernel (the norm) is let in at the block's start.
 // Measured: the step at one sequence 0.794-0.796 ms against v11's 0.814-0.816 (H100; NOTES.md, "The merge in
-//           o_proj").
+//           o_proj"); one block an SM and the norm let in at the start, with attention's blocks one an SM and
+//           gate_up letting down_proj in: 0.743-0.744 ms against 0.802-0.805 (H100; 04_model_runner/NOTES.md,
+//           section 9, "One block an SM, and the MLP's weights sooner").
 #include "05_attention/kernels.cuh"
 
 namespace nanovllm {
@@ -38,7 +41,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
     o_proj_merge_kernel(AttentionParams p, float* partials, const bf16* W, int hidden) {
   // The norm after this kernel reads nothing but its weight before its wait, so it may start now, and let
   // gate_up in, whose 12.6 MB of weights then stream while attention and this merge run, not after this
-  // kernel's wait (cuda_utils.h; NOTES.md, "One block an SM, and the MLP's weights sooner").
+  // kernel's wait (cuda_utils.h; 04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's weights
+  // sooner").
   allow_next_kernel();
   const int kv_head = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int G = p.num_heads / p.num_kv_heads, columns = G * HEAD_DIM;  // this block's columns of W: C
@@ -142,7 +146,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 // Grid (num_kv_heads, ceil(hidden / 64)) of kMergeWarps warps; a grid no larger than the GPU's SM count
 // (Qwen3-0.6B: 8 x 16 = 128) is held to one block an SM by shared memory it never uses (cuda_utils.h,
 // one_block_per_sm_smem_bytes). Measured (H100, batch 1): packed two to an SM on about half the SMs, the
-// step took ~0.02 ms longer (NOTES.md, "One block an SM, and the MLP's weights sooner").
+// step took ~0.02 ms longer (04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's weights
+// sooner").
 template <int HEAD_DIM, int CHUNKS>
 void launch_with_chunks(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream) {
   const dim3 grid(unsigned(p.num_kv_heads), unsigned((hidden + kOutputsPerBlock - 1) / kOutputsPerBlock));

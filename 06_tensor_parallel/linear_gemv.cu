@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   static_assert(kRowsPerWarp == 2, "SILU's two rows are one feature's gate and up");
   // With its activation this is the MLP's gate_up, and down_proj comes next, which reads nothing but its
   // weights before its wait: let it in at once, so that its weights stream while this kernel runs instead
-  // of after its wait (cuda_utils.h; 04_model_runner/NOTES.md, section 9, "One block an SM").
+  // of after its wait (cuda_utils.h; 04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's
+  // weights sooner").
   if constexpr (SILU) allow_next_kernel();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int pairs = blockDim.x / 32 / splits;  // P
