@@ -26,8 +26,10 @@ namespace nanovllm {
 
 namespace {
 
-constexpr int kWarps = 4;           // warps per block at most (128 threads): splits x pairs of rows
-                                    // (down_proj's 3 splits: 3 warps, 96 threads)
+constexpr int kWarps = 8;           // warps per block at most (256 threads): splits x pairs of rows
+                                    // (down_proj's 3 splits: 6 warps, 192 threads). 4 warps a block
+                                    // was 0.02 ms slower at batch 1 (H100; 04_model_runner/NOTES.md,
+                                    // section 9, "One block an SM, and the MLP's weights sooner")
 constexpr int kMaxSplits = 4;       // in_features split over at most 4 warps: 4,096 in one round
 constexpr int kRowsPerWarp = 2;     // weight rows per warp: each x chunk loaded serves both
 constexpr int kChunksInFlight = 4;  // 16-byte weight loads per lane and row issued before any is used:
@@ -37,7 +39,7 @@ constexpr int kChunksInFlight = 4;  // 16-byte weight loads per lane and row iss
 // A block is `splits` x P warps (splits x P <= kWarps; launch_gemv picks them): warp w takes split
 // s = w / P of the in_features (chunks [s per, (s + 1) per), per = ceil(chunks / splits)) of pair
 // p = w % P of the block, and pair b * P + p of block b computes output features o0 = (b * P + p) * kRowsPerWarp and
-// o0 + 1 for every row m < n (out = 4096, one split: 2048 warps, 512 blocks). With one split the warp's
+// o0 + 1 for every row m < n (out = 4096, one split: 2048 warps, 256 blocks). With one split the warp's
 // lanes add up their parts and lane 0 writes; with several, each warp's lane 0 puts its sums in shared
 // memory and split 0's lane 0 adds them in split order and writes.
 // SILU (the MLP's gate_up with its activation in the ending): pair j = b * P + p is feature j, its two
