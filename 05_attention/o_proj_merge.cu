@@ -18,8 +18,9 @@
 //           a row a lane). The next kernel (the norm) is let in at the block's start.
 // Measured: the step at one sequence 0.794-0.796 ms against v11's 0.814-0.816 (H100; NOTES.md, "The merge in
 //           o_proj"); one block an SM and the norm let in at the start, with attention's blocks one an SM and
-//           gate_up letting down_proj in: 0.743-0.744 ms against 0.802-0.805 (H100; 04_model_runner/NOTES.md,
-//           section 9, "One block an SM, and the MLP's weights sooner").
+//           gate_up letting down_proj in: 0.743-0.744 ms against 0.802-0.805 on one H100, as built 0.748-0.759
+//           against 0.772-0.776 on another (04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's
+//           weights sooner").
 #include "05_attention/kernels.cuh"
 
 namespace nanovllm {

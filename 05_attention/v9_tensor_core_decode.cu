@@ -557,8 +557,10 @@ void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t st
   const bool spread = !CLUSTER && int(grid.x * grid.y * grid.z) <= multiprocessor_count();
   const int smem_bytes = spread ? spread_bytes : kSmemBytes<HEAD_DIM, CLUSTER>;
   const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
-  // The larger of the two, whichever this launch asks for: a graph captured later may ask for the other.
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), CLUSTER ? smem_bytes : spread_bytes, stream);
+  // Without clusters the larger of the two, whichever this launch asks for: a graph captured later may ask for
+  // the other.
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), CLUSTER ? kSmemBytes<HEAD_DIM, CLUSTER> : spread_bytes,
+                     stream);
   // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
   // outside a capture; the warm-up before it launches the same kernels).
   if (CLUSTER && p.max_partitions > kPortableClusterSplits) {
