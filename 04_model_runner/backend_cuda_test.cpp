@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -55,6 +56,8 @@ namespace nanovllm::test {
 void slow_fill_cuda(float* out, int n, float value, long long delay_cycles, cudaStream_t stream);
 void overlapped_copy_cuda(float* out, const float* in, int n, cudaStream_t stream);
 void late_copy_cuda(bf16* dst, const bf16* src, int64_t n, long long delay_cycles, cudaStream_t stream);
+void record_residency_cuda(int blocks, int smem_bytes, int* sm_of_block, long long* begin, long long* end,
+                           long long delay_cycles, cudaStream_t stream);
 }  // namespace nanovllm::test
 
 // A graph of [slow fill (ordinary), copy (overlapped), copy (overlapped)]: start_successors_early moves the
@@ -188,6 +191,38 @@ TEST(Ch04_BackendCuda, AProjectionLetInBeforeTheNormWaitsStillReadsTheNormOfTheL
     EXPECT_LE(rel_error(to_float(d_res.get()), res_want), 1e-2) << n << " rows: the residual";
     EXPECT_LE(rel_error(to_float(d_y.get()), y_want), 1e-2) << n << " rows: the projection after the norm";
   }
+}
+
+// one_block_per_sm_smem_bytes (cuda_utils.h): a grid of twice as many blocks as SMs, each spinning ~20 µs. Asking
+// for those bytes, no two blocks are ever on one SM at once (the grid runs in two waves); asking for nothing, the
+// same grid fits at once, two blocks an SM, so some SM holds two blocks together: the control, which shows that
+// the first launch could have broken the rule and did not.
+TEST(Ch04_BackendCuda, BlocksAskingForOneBlockPerSmSharedMemoryNeverShareAnSm) {
+  SKIP_WITHOUT_GPU();
+  const int blocks = 2 * multiprocessor_count();
+  const long long delay_cycles = 40000;  // ~20 µs at 2 GHz
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceArray<int> d_sm(static_cast<size_t>(blocks));
+  DeviceArray<long long> d_begin(static_cast<size_t>(blocks)), d_end(static_cast<size_t>(blocks));
+  // The largest number of this grid's blocks that were on one SM at the same time.
+  auto most_on_one_sm = [&](int smem_bytes) {
+    test::record_residency_cuda(blocks, smem_bytes, d_sm.ptr, d_begin.ptr, d_end.ptr, delay_cycles, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<int> sm = d_sm.get();
+    const std::vector<long long> begin = d_begin.get(), end = d_end.get();
+    int most = 0;
+    for (int a = 0; a < blocks; a++) {
+      int together = 0;  // blocks on a's SM running as a starts, a included
+      for (int b = 0; b < blocks; b++) together += sm[size_t(b)] == sm[size_t(a)] && begin[size_t(b)] <= begin[size_t(a)] &&
+                                                   begin[size_t(a)] < end[size_t(b)];
+      most = std::max(most, together);
+    }
+    return most;
+  };
+  EXPECT_EQ(most_on_one_sm(one_block_per_sm_smem_bytes()), 1) << "blocks asking for one_block_per_sm_smem_bytes()";
+  EXPECT_GE(most_on_one_sm(0), 2) << "the control: blocks asking for no shared memory";
+  CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 #else

@@ -3,7 +3,8 @@
 // launches its GEMMs, then copies launched overlapped, as our kernels are: a copy that read its input before
 // the writer had finished would copy what was there before (start_successors_early). And a late writer
 // launched overlapped, which lets the next kernel start at once: the projection before a norm at its
-// slowest (a norm lets its own next kernel start before its wait).
+// slowest (a norm lets its own next kernel start before its wait). And blocks that record the SM they ran on
+// and when, for the test of one_block_per_sm_smem_bytes.
 #include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
@@ -36,7 +37,29 @@ __global__ void late_copy_kernel(bf16* dst, const bf16* src, int64_t n, long lon
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
+// Block b: sm_of_block[b] = the SM it ran on, begin[b] and end[b] = the global timer (ns) as it started and
+// as it ended, a spin of delay_cycles apart. Its dynamic shared memory is asked for and never used.
+__global__ void record_residency_kernel(int* sm_of_block, long long* begin, long long* end, long long delay_cycles) {
+  if (threadIdx.x != 0) return;
+  unsigned sm = 0;
+  long long t0 = 0, t1 = 0;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long start = clock64();
+  while (clock64() - start < delay_cycles) {
+  }
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  sm_of_block[blockIdx.x] = int(sm), begin[blockIdx.x] = t0, end[blockIdx.x] = t1;
+}
+
 }  // namespace
+
+void record_residency_cuda(int blocks, int smem_bytes, int* sm_of_block, long long* begin, long long* end,
+                           long long delay_cycles, cudaStream_t stream) {
+  CUDA_CHECK(cudaFuncSetAttribute(record_residency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  record_residency_kernel<<<blocks, 32, smem_bytes, stream>>>(sm_of_block, begin, end, delay_cycles);
+  CUDA_CHECK_LAUNCH();
+}
 
 void late_copy_cuda(bf16* dst, const bf16* src, int64_t n, long long delay_cycles, cudaStream_t stream) {
   launch_overlapped(late_copy_kernel, 1, 256, 0, stream, dst, src, n, delay_cycles);
