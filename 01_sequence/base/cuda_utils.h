@@ -55,7 +55,7 @@ inline int multiprocessor_count(int device = -1) {
 // holds SMs, and the block scheduler fills the SMs it finds room on, two blocks each, so a grid of one block
 // an SM ran on about half of them, each SM's loads shared by two blocks (04_model_runner/NOTES.md, section 9,
 // "One block an SM, and the MLP's weights sooner"). Only for a grid of at most multiprocessor_count() blocks:
-// a larger one would run in waves.
+// a larger one would run in waves (Ch04_BackendCuda.BlocksAskingForOneBlockPerSmSharedMemoryNeverShareAnSm).
 inline int one_block_per_sm_smem_bytes(int device = -1) {
   if (device < 0) CUDA_CHECK(cudaGetDevice(&device));
   int per_sm = 0;  // H100 and H200: 228 KB, of which each resident block also takes 1 KB for the system
