@@ -2,7 +2,7 @@
 // must report as page-locked, and safe to overwrite once wait_for_upload_async() has returned; the same
 // for a graph that pulls its inputs itself and pushes its tokens (pull_async, push_tokens_async). Then the
 // edges between a step's kernels (cuda_utils.h): each kernel still reads its input whole when the one
-// before it was let in early.
+// before it was let in early; and blocks asking for one_block_per_sm_smem_bytes never share an SM.
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
@@ -213,9 +213,10 @@ TEST(Ch04_BackendCuda, BlocksAskingForOneBlockPerSmSharedMemoryNeverShareAnSm) {
     const std::vector<long long> begin = d_begin.get(), end = d_end.get();
     int most = 0;
     for (int a = 0; a < blocks; a++) {
+      const size_t i = size_t(a);
       int together = 0;  // blocks on a's SM running as a starts, a included
-      for (int b = 0; b < blocks; b++) together += sm[size_t(b)] == sm[size_t(a)] && begin[size_t(b)] <= begin[size_t(a)] &&
-                                                   begin[size_t(a)] < end[size_t(b)];
+      for (size_t j = 0; j < size_t(blocks); j++)
+        together += sm[j] == sm[i] && begin[j] <= begin[i] && begin[i] < end[j];
       most = std::max(most, together);
     }
     return most;
