@@ -23,6 +23,21 @@ struct Shape { int n, in, out; };
 
 std::string name(Shape s) { return std::to_string(s.n) + "x" + std::to_string(s.in) + "->" + std::to_string(s.out); }
 
+// v rounded to bf16 and back, as a kernel stores it.
+std::vector<float> round_bf16(const std::vector<float>& v) { return to_float(to_bf16(v)); }
+
+// act (n, inter) = silu(gate) * up, gate_up (n, 2 * inter) = [gate | up] per row: silu_and_mul_cpu of
+// 04_model_runner, written out.
+std::vector<float> silu_and_mul(const std::vector<float>& gate_up, int n, int inter) {
+  std::vector<float> act(size_t(n) * inter);
+  for (int m = 0; m < n; m++)
+    for (int j = 0; j < inter; j++) {
+      const float g = gate_up[size_t(m) * 2 * inter + j], u = gate_up[size_t(m) * 2 * inter + inter + j];
+      act[size_t(m) * inter + j] = g / (1.0f + std::exp(-g)) * u;
+    }
+  return act;
+}
+
 // y = x W^T by `project(y, y_is_fp32, x, W, shape)`, both output dtypes, against linear_cpu.
 using Project = std::function<void(void* y, bool y_is_fp32, const bf16* x, const bf16* W, Shape s)>;
 void expect_matches_cpu(const Project& project, Shape s, std::mt19937& rng, const std::string& what) {
@@ -59,16 +74,6 @@ using SiluProject = std::function<void(bf16* y, const bf16* x, const bf16* W, Sh
 std::vector<Shape> silu_shapes(int n) { return {Shape{n, 1024, 6144}, Shape{n, 64, 256}, Shape{n, 200, 66}, Shape{n, 96, 290}}; }
 void expect_silu_matches(const SiluProject& silu_project, const Project& project, Shape s, cudaStream_t stream,
                          std::mt19937& rng, const std::string& label) {
-  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
-  const auto silu_and_mul = [](const std::vector<float>& gate_up, int n, int inter) {
-    std::vector<float> act(size_t(n) * inter);  // silu_and_mul_cpu of 04_model_runner, written out
-    for (int m = 0; m < n; m++)
-      for (int j = 0; j < inter; j++) {
-        const float g = gate_up[size_t(m) * 2 * inter + j], u = gate_up[size_t(m) * 2 * inter + inter + j];
-        act[size_t(m) * inter + j] = g / (1.0f + std::exp(-g)) * u;
-      }
-    return act;
-  };
   const int inter = s.out / 2;
   const std::string what = label + " " + name(s);
   std::vector<float> x = random_bf16_values(size_t(s.n) * s.in, rng);
@@ -543,22 +548,15 @@ TEST(Ch06_LinearCuda, DownProjLetInEarlyStillReadsGateUpsActivations) {  // v2
   std::mt19937 rng(23);
   CudaContext ctx;
   const int long_in = 65536, hidden = 1024, inter = 3072;
-  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
   const std::vector<float> x0 = random_bf16_values(size_t(long_in), rng);
   const std::vector<float> w0 = random_bf16_values(size_t(hidden) * long_in, rng, 1.0f / std::sqrt(float(long_in)));
   const std::vector<float> w1 = random_bf16_values(size_t(2 * inter) * hidden, rng, 2.0f / std::sqrt(float(hidden)));
   const std::vector<float> w2 = random_bf16_values(size_t(hidden) * inter, rng, 1.0f / std::sqrt(float(inter)));
-  std::vector<float> x(size_t(hidden), 0.0f), gate_up(size_t(2 * inter), 0.0f), act(size_t(inter), 0.0f);
-  std::vector<float> want(size_t(hidden), 0.0f);
+  std::vector<float> x(size_t(hidden), 0.0f), gate_up(size_t(2 * inter), 0.0f), want(size_t(hidden), 0.0f);
   linear_cpu(x.data(), x0.data(), w0.data(), 1, long_in, hidden);
   x = round_bf16(x);
   linear_cpu(gate_up.data(), x.data(), w1.data(), 1, hidden, 2 * inter);
-  gate_up = round_bf16(gate_up);
-  for (int j = 0; j < inter; j++) {
-    const float g = gate_up[size_t(j)], u = gate_up[size_t(inter + j)];
-    act[size_t(j)] = g / (1.0f + std::exp(-g)) * u;
-  }
-  act = round_bf16(act);
+  const std::vector<float> act = round_bf16(silu_and_mul(round_bf16(gate_up), 1, inter));
   linear_cpu(want.data(), act.data(), w2.data(), 1, inter, hidden);
   DeviceArray<bf16> d_x0(to_bf16(x0)), d_w0(to_bf16(w0)), d_w1(to_bf16(w1)), d_w2(to_bf16(w2));
   DeviceArray<bf16> d_x{size_t(hidden)}, d_act{size_t(inter)};
@@ -600,7 +598,6 @@ TEST(Ch06_LinearCuda, PrefetchMatchesCpuWithItsFusions) {  // v7
   std::mt19937 rng(15);
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const auto round_bf16 = [](const std::vector<float>& v) { return to_float(to_bf16(v)); };
   const float eps = 1e-6f;
   // Qwen3-0.6B's four projections; ragged ones (fewer rows than SMs; a last warp with fewer rows; 3 warps
   // a block).
