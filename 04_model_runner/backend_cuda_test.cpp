@@ -2,7 +2,8 @@
 // must report as page-locked, and safe to overwrite once wait_for_upload_async() has returned; the same
 // for a graph that pulls its inputs itself and pushes its tokens (pull_async, push_tokens_async). Then the
 // edges between a step's kernels (cuda_utils.h): each kernel still reads its input whole when the one
-// before it was let in early; and blocks asking for one_block_per_sm_smem_bytes never share an SM.
+// before it was let in early; blocks asking for one_block_per_sm_smem_bytes never share an SM, and which
+// grids one_block_per_sm_launch_bytes asks those bytes for.
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA
@@ -224,6 +225,26 @@ TEST(Ch04_BackendCuda, BlocksAskingForOneBlockPerSmSharedMemoryNeverShareAnSm) {
   EXPECT_EQ(most_on_one_sm(one_block_per_sm_smem_bytes()), 1) << "blocks asking for one_block_per_sm_smem_bytes()";
   EXPECT_GE(most_on_one_sm(0), 2) << "the control: blocks asking for no shared memory";
   CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// one_block_per_sm_launch_bytes (cuda_utils.h), the rule decode attention and o_proj's merge launch by, against
+// the device's own figures asked of the runtime here: a grid that fits the SMs asks for at least half an SM's
+// shared memory (and for what its blocks use, if more); one block more, and it asks only for what it uses.
+TEST(Ch04_BackendCuda, LaunchBytesHoldAGridToOneBlockAnSmOnlyWhereItFits) {
+  SKIP_WITHOUT_GPU();
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const int sms = prop.multiProcessorCount, half_sm = int(prop.sharedMemPerMultiprocessor / 2);
+  ASSERT_EQ(multiprocessor_count(), sms);
+  EXPECT_GT(one_block_per_sm_smem_bytes(), half_sm);
+  EXPECT_LE(one_block_per_sm_smem_bytes(), half_sm + 1024);
+  for (const int used : {0, 40000, half_sm + 4096}) {
+    EXPECT_EQ(one_block_per_sm_launch_bytes(sms, used), std::max(used, one_block_per_sm_smem_bytes())) << used;
+    EXPECT_EQ(one_block_per_sm_launch_bytes(1, used), std::max(used, one_block_per_sm_smem_bytes())) << used;
+    EXPECT_EQ(one_block_per_sm_launch_bytes(sms + 1, used), used) << used;
+  }
 }
 
 #else

@@ -146,17 +146,16 @@ __global__ void __launch_bounds__(kMergeWarps * 32)
 
 // Grid (num_kv_heads, ceil(hidden / 64)) of kMergeWarps warps; a grid no larger than the GPU's SM count
 // (Qwen3-0.6B: 8 x 16 = 128) is held to one block an SM by shared memory it never uses (cuda_utils.h,
-// one_block_per_sm_smem_bytes). Measured (H100, batch 1): packed two to an SM on about half the SMs, the
+// one_block_per_sm_launch_bytes). Measured (H100, batch 1): packed two to an SM on about half the SMs, the
 // step took ~0.02 ms longer (04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's weights
 // sooner").
 template <int HEAD_DIM, int CHUNKS>
 void launch_with_chunks(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream) {
   const dim3 grid(unsigned(p.num_kv_heads), unsigned((hidden + kOutputsPerBlock - 1) / kOutputsPerBlock));
   const auto kernel = o_proj_merge_kernel<HEAD_DIM, CHUNKS>;
-  const int spread_bytes = one_block_per_sm_smem_bytes();
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), spread_bytes, stream);
-  const bool spread = int(grid.x * grid.y) <= multiprocessor_count();
-  launch_overlapped(kernel, grid, kMergeWarps * 32, spread ? spread_bytes : 0, stream, p, partials, W, hidden);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), one_block_per_sm_smem_bytes(), stream);
+  launch_overlapped(kernel, grid, kMergeWarps * 32, one_block_per_sm_launch_bytes(int(grid.x * grid.y), 0), stream, p,
+                    partials, W, hidden);
 }
 
 template <int HEAD_DIM>

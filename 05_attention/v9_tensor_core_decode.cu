@@ -547,20 +547,20 @@ __global__ void __launch_bounds__(kWarpsV9 * 32) attention_v9_tensor_core_decode
 // Grid (max_partitions, num_kv_heads, num_seqs) of kWarpsV9 warps, kSmemBytes<HEAD_DIM, CLUSTER> of dynamic
 // shared memory; CLUSTER: clusters of (max_partitions, 1, 1), one a (sequence, KV head). Without clusters, a
 // grid no larger than the GPU's SM count (one sequence: 16 splits x 8 KV heads = 128 blocks) asks for more,
-// which it never uses, so that its blocks land one an SM (cuda_utils.h, one_block_per_sm_smem_bytes).
+// which it never uses, so that its blocks land one an SM (cuda_utils.h, one_block_per_sm_launch_bytes).
 // Measured (H100, batch 1): packed two to an SM on 65-72 SMs, the step took ~0.03 ms longer
 // (04_model_runner/NOTES.md, section 9, "One block an SM, and the MLP's weights sooner").
 template <int HEAD_DIM, bool CLUSTER>
 void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t stream) {
   const dim3 grid(unsigned(p.max_partitions), unsigned(p.num_kv_heads), unsigned(num_seqs));
-  const int spread_bytes = std::max(kSmemBytes<HEAD_DIM, CLUSTER>, one_block_per_sm_smem_bytes());
-  const bool spread = !CLUSTER && int(grid.x * grid.y * grid.z) <= multiprocessor_count();
-  const int smem_bytes = spread ? spread_bytes : kSmemBytes<HEAD_DIM, CLUSTER>;
+  constexpr int used_bytes = kSmemBytes<HEAD_DIM, CLUSTER>;
+  const int blocks = int(grid.x * grid.y * grid.z);
+  const int smem_bytes = CLUSTER ? used_bytes : one_block_per_sm_launch_bytes(blocks, used_bytes);
   const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
   // Without clusters the larger of the two, whichever this launch asks for: a graph captured later may ask for
   // the other.
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), CLUSTER ? kSmemBytes<HEAD_DIM, CLUSTER> : spread_bytes,
-                     stream);
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel),
+                     CLUSTER ? used_bytes : std::max(used_bytes, one_block_per_sm_smem_bytes()), stream);
   // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
   // outside a capture; the warm-up before it launches the same kernels).
   if (CLUSTER && p.max_partitions > kPortableClusterSplits) {

@@ -41,28 +41,6 @@ inline bool cuda_device_present() {
   return count > 0;
 }
 
-// The number of streaming multiprocessors of `device` (-1: the current device), which sizes grids.
-inline int multiprocessor_count(int device = -1) {
-  if (device < 0) CUDA_CHECK(cudaGetDevice(&device));
-  int count = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
-// Dynamic shared memory that holds a kernel's blocks to one an SM: a block then asks for more than half of
-// what an SM has, so a second block of the same kernel never fits beside it (the bytes are never used).
-// Why a kernel would want that: launched overlapped, a grid's blocks enter while the kernel before still
-// holds SMs, and the block scheduler fills the SMs it finds room on, two blocks each, so a grid of one block
-// an SM ran on about half of them, each SM's loads shared by two blocks (04_model_runner/NOTES.md, section 9,
-// "One block an SM, and the MLP's weights sooner"). Only for a grid of at most multiprocessor_count() blocks:
-// a larger one would run in waves (Ch04_BackendCuda.BlocksAskingForOneBlockPerSmSharedMemoryNeverShareAnSm).
-inline int one_block_per_sm_smem_bytes(int device = -1) {
-  if (device < 0) CUDA_CHECK(cudaGetDevice(&device));
-  int per_sm = 0;  // H100 and H200: 228 KB, of which each resident block also takes 1 KB for the system
-  CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  return per_sm / 2 + 1024;
-}
-
 // A kernel that needs more than 48 KB of dynamic shared memory must opt in, once on each device: a function's
 // attributes belong to the device's context, and tensor-parallel ranks run on several GPUs, each from its own
 // thread. `once` is the call site's (a static, one for each kernel); the attribute is set on the first call on
@@ -77,6 +55,47 @@ inline void allow_dynamic_shared_memory(PerDeviceOnce& once, const void* kernel,
   if (device >= PerDeviceOnce::kMaxDevices) fail("CUDA device ", device, ": more devices than the engine knows");
   std::call_once(once.flags[device],
                  [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); });
+}
+
+// What grids are sized by, read once for each device (-1: the current one): launches ask on every eager call.
+struct DeviceFigures {
+  int multiprocessors = 0;  // streaming multiprocessors (H100 SXM and H200: 132)
+  int smem_per_sm = 0;      // bytes of shared memory an SM has (H100 and H200: 228 KB)
+};
+inline const DeviceFigures& device_figures(int device = -1) {
+  static PerDeviceOnce once;
+  static DeviceFigures figures[PerDeviceOnce::kMaxDevices];
+  if (device < 0) CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= PerDeviceOnce::kMaxDevices) fail("CUDA device ", device, ": more devices than the engine knows");
+  std::call_once(once.flags[device], [&] {
+    DeviceFigures& f = figures[device];
+    CUDA_CHECK(cudaDeviceGetAttribute(&f.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  });
+  return figures[device];
+}
+
+// The number of streaming multiprocessors of `device` (-1: the current device), which sizes grids.
+inline int multiprocessor_count(int device = -1) { return device_figures(device).multiprocessors; }
+
+// Dynamic shared memory that holds a kernel's blocks to one an SM: a block then asks for more than half of
+// what an SM has, so a second block of the same kernel never fits beside it (the bytes are never used).
+// Why a kernel would want that: launched overlapped, a grid's blocks enter while the kernel before still
+// holds SMs, and the block scheduler fills the SMs it finds room on, two blocks each, so a grid of one block
+// an SM ran on about half of them, each SM's loads shared by two blocks (04_model_runner/NOTES.md, section 9,
+// "One block an SM, and the MLP's weights sooner"). Only for a grid of at most multiprocessor_count() blocks:
+// a larger one would run in waves (Ch04_BackendCuda.BlocksAskingForOneBlockPerSmSharedMemoryNeverShareAnSm).
+inline int one_block_per_sm_smem_bytes(int device = -1) {
+  // Half an SM's, and the 1 KB the system takes of it for each resident block.
+  return device_figures(device).smem_per_sm / 2 + 1024;
+}
+
+// The dynamic shared memory a launch of `blocks` blocks, each using `used_bytes`, asks for so that its blocks
+// land one an SM: at least one_block_per_sm_smem_bytes() for a grid no larger than the GPU's SM count, just
+// `used_bytes` for a larger one, which runs in waves whatever it asks for. The kernel must have been allowed
+// the larger (allow_dynamic_shared_memory), since one launch may take either size.
+inline int one_block_per_sm_launch_bytes(int blocks, int used_bytes) {
+  return blocks <= multiprocessor_count() ? std::max(used_bytes, one_block_per_sm_smem_bytes()) : used_bytes;
 }
 
 // Whether the current GPU is of compute capability 9.0, the only one sm_90a code (wgmma: 05_attention's v12,
