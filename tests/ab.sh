@@ -19,13 +19,14 @@
 #   AB_BENCH    runs of bench per variant, alternating (default 2; 0: none)
 #   AB_BENCH_ARGS  bench's model and options (default "--random qwen3-0.6b")
 #   AB_BUILD, AB_MAKE  the build folder and make's settings (default build-gpu, "CUDA_ARCH=90")
-# Prints one line per batch size (each variant's step in ms, round by round: the graph step where there is
-# one, else the eager step) and one per bench run (tok/s, the decode steps' GB/s, the prefill steps' time, the
-# median time to first token). Exits non-zero if a patch does not apply or a variant does not build.
+# Prints the GPU's name, one line per batch size (each variant's step in ms, round by round: the graph step
+# where there is one, else the eager step), one per bench run (tok/s, the decode steps' GB/s, the prefill steps'
+# time, the median time to first token), and the range of the copy bandwidth bench-step measured in its
+# runs. Exits non-zero if a patch does not apply or a variant does not build.
 # Builds everything again where the sources differ from those the build folder was last built from
 # (build_stamp.sh: a warm device machine keeps the objects of its call before).
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
 batches=${AB_BATCHES:-1 16 64 256}
 rounds=${AB_ROUNDS:-2}
 step_args=${AB_STEP:---random qwen3-0.6b}
@@ -71,11 +72,19 @@ for spec in "$@"; do
   binary_of_patch[x$patch]="$B/ab/$name"
 done
 
+# Every run's copy bandwidth, as bench-step measured it on the GPU (none on the CPU), for the line at the end.
+bandwidths="$B/ab/copy_bandwidths.txt"
+: > "$bandwidths"
+command -v nvidia-smi > /dev/null && echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+
 # One run of variant v: bench-step's step time in ms (the graph's where it ran one), or its overlapped one.
 step_ms() {  # VARIANT_INDEX BATCH
-  local v=$1 line
+  local v=$1 out line bandwidth
   # shellcheck disable=SC2086  # the settings and options are lists
-  line=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench-step $step_args --batch "$2" ${options[$v]} 2>&1 | grep -m1 "^$loop"' \(time\|step\):')
+  out=$(env ${envs[$v]} "$B/ab/${names[$v]}" bench-step $step_args --batch "$2" ${options[$v]} 2>&1)
+  bandwidth=$(grep -m1 -oE 'copy bandwidth [0-9]+ GB/s' <<< "$out")
+  [ -n "$bandwidth" ] && tr -dc '0-9' <<< "$bandwidth" >> "$bandwidths" && echo >> "$bandwidths"
+  line=$(grep -m1 "^$loop"' \(time\|step\):' <<< "$out")
   if [[ $line =~ ^overlapped\ step:\ ([0-9.]+)\ ms ]]; then echo "${BASH_REMATCH[1]}"
   elif [[ $line =~ ([0-9.]+)\ ms\ under\ a\ CUDA\ graph ]]; then echo "${BASH_REMATCH[1]}"
   elif [[ $line =~ ^step\ time:\ ([0-9.]+)\ ms ]]; then echo "${BASH_REMATCH[1]}"
@@ -100,3 +109,6 @@ for ((r = 0; r < bench_runs; r++)); do
     echo "bench ${names[$v]}: ${out:-failed}${decode:+ (decode: $decode)}${prefill:+; $prefill}${ttft:+; ${ttft#*: }}"
   done
 done
+if [ -s "$bandwidths" ]; then
+  echo "copy bandwidth (bench-step's, every run): $(sort -n "$bandwidths" | head -1)-$(sort -n "$bandwidths" | tail -1) GB/s over $(wc -l < "$bandwidths") runs"
+fi
