@@ -27,7 +27,7 @@ std::string name(Shape s) { return std::to_string(s.n) + "x" + std::to_string(s.
 std::vector<float> round_bf16(const std::vector<float>& v) { return to_float(to_bf16(v)); }
 
 // act (n, inter) = silu(gate) * up, gate_up (n, 2 * inter) = [gate | up] per row: silu_and_mul_cpu of
-// 04_model_runner, written out.
+// 04_model_runner, written out (chapter 06 does not link 04).
 std::vector<float> silu_and_mul(const std::vector<float>& gate_up, int n, int inter) {
   std::vector<float> act(size_t(n) * inter);
   for (int m = 0; m < n; m++)
