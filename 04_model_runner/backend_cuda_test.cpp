@@ -59,6 +59,7 @@ void overlapped_copy_cuda(float* out, const float* in, int n, cudaStream_t strea
 void late_copy_cuda(bf16* dst, const bf16* src, int64_t n, long long delay_cycles, cudaStream_t stream);
 void record_residency_cuda(int blocks, int smem_bytes, int* sm_of_block, long long* begin, long long* end,
                            long long delay_cycles, cudaStream_t stream);
+const void* opt_in_probe_kernel_address();  // a kernel never launched, for its attributes
 }  // namespace nanovllm::test
 
 // A graph of [slow fill (ordinary), copy (overlapped), copy (overlapped)]: start_successors_early moves the
@@ -245,6 +246,28 @@ TEST(Ch04_BackendCuda, LaunchBytesHoldAGridToOneBlockAnSmOnlyWhereItFits) {
     EXPECT_EQ(one_block_per_sm_launch_bytes(1, used), std::max(used, one_block_per_sm_smem_bytes())) << used;
     EXPECT_EQ(one_block_per_sm_launch_bytes(sms + 1, used), used) << used;
   }
+}
+
+// allow_one_block_per_sm (cuda_utils.h), the opt-in beside those launches, read back from the runtime: it allows
+// the larger of the kernel's own bytes and one_block_per_sm_smem_bytes(), and only on its first call on a device
+// for the same `once` (the launch sites call it on every eager launch, with the same bytes).
+TEST(Ch04_BackendCuda, AllowOneBlockPerSmOptsInToTheLargerSizeOncePerDevice) {
+  SKIP_WITHOUT_GPU();
+  const void* kernel = test::opt_in_probe_kernel_address();
+  auto allowed = [&] {
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    return attributes.maxDynamicSharedSizeBytes;
+  };
+  const int spread = one_block_per_sm_smem_bytes();
+  PerDeviceOnce once;
+  allow_one_block_per_sm(once, kernel, 0);
+  EXPECT_EQ(allowed(), spread) << "a kernel using no shared memory";
+  allow_one_block_per_sm(once, kernel, spread + 4096);
+  EXPECT_EQ(allowed(), spread) << "the same `once` again: nothing set";
+  PerDeviceOnce another;
+  allow_one_block_per_sm(another, kernel, spread + 4096);
+  EXPECT_EQ(allowed(), spread + 4096) << "a kernel using more than the spread bytes";
 }
 
 #else

@@ -4,7 +4,8 @@
 // the writer had finished would copy what was there before (start_successors_early). And a late writer
 // launched overlapped, which lets the next kernel start at once: the projection before a norm at its
 // slowest (a norm lets its own next kernel start before its wait). And blocks that record the SM they ran on
-// and when, for the test of one_block_per_sm_smem_bytes.
+// and when, for the test of one_block_per_sm_smem_bytes; and a kernel that does nothing, whose opt-in to
+// dynamic shared memory the test of allow_one_block_per_sm reads back.
 #include "01_sequence/base/cuda_utils.h"
 
 namespace nanovllm {
@@ -52,7 +53,12 @@ __global__ void record_residency_kernel(int* sm_of_block, long long* begin, long
   sm_of_block[blockIdx.x] = int(sm), begin[blockIdx.x] = t0, end[blockIdx.x] = t1;
 }
 
+// Never launched: its address is what allow_one_block_per_sm's test opts in and reads the attribute of.
+__global__ void opt_in_probe_kernel() {}
+
 }  // namespace
+
+const void* opt_in_probe_kernel_address() { return reinterpret_cast<const void*>(opt_in_probe_kernel); }
 
 void record_residency_cuda(int blocks, int smem_bytes, int* sm_of_block, long long* begin, long long* end,
                            long long delay_cycles, cudaStream_t stream) {

@@ -116,16 +116,6 @@ void launch_decode_combine(const AttentionParams& p, int num_seqs, cudaStream_t 
 constexpr int kOProjMergeMaxColumns = 512, kMaxOProjMergeSplits = 128;
 void launch_o_proj_merge(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream);
 
-// A kernel that needs more than 48 KB of dynamic shared memory must opt in, per device. Done at every
-// launch outside a CUDA-graph capture; inside one it is skipped (the engine runs every batch eagerly
-// before capturing it, so the attribute is already set, and a capture should hold only stream work).
-inline void allow_dynamic_smem(const void* kernel, int bytes, cudaStream_t stream) {
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing == cudaStreamCaptureStatusNone)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 // Where one sequence's queries and keys are. Query i (0-based, of seqlen_q) is row q_row0 + i of q and
 // out; it sees keys 0 .. seqlen_k - seqlen_q + i (causal, bottom-right aligned).
 struct SeqRange {

@@ -153,7 +153,8 @@ template <int HEAD_DIM, int CHUNKS>
 void launch_with_chunks(const AttentionParams& p, float* partials, const bf16* W, int hidden, cudaStream_t stream) {
   const dim3 grid(unsigned(p.num_kv_heads), unsigned((hidden + kOutputsPerBlock - 1) / kOutputsPerBlock));
   const auto kernel = o_proj_merge_kernel<HEAD_DIM, CHUNKS>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), one_block_per_sm_smem_bytes(), stream);
+  static PerDeviceOnce once;
+  allow_one_block_per_sm(once, reinterpret_cast<const void*>(kernel), 0);
   launch_overlapped(kernel, grid, kMergeWarps * 32, one_block_per_sm_launch_bytes(int(grid.x * grid.y), 0), stream, p,
                     partials, W, hidden);
 }

@@ -414,8 +414,9 @@ void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t strea
   const int G = p.num_heads / p.num_kv_heads;
   const dim3 grid(unsigned((dims.max_seqlen_q * G + kBr - 1) / kBr), unsigned(p.num_kv_heads), unsigned(dims.num_seqs));
   const int smem_bytes = 4 * kBc * HEAD_DIM * 2 + 1024;  // K x 2, V x 2, and the alignment
-  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v12_wgmma_prefill_kernel<HEAD_DIM>),
-                     smem_bytes, stream);
+  static PerDeviceOnce once;  // more than 48 KB: opted in once per device (cuda_utils.h)
+  allow_dynamic_shared_memory(once, reinterpret_cast<const void*>(attention_v12_wgmma_prefill_kernel<HEAD_DIM>),
+                              smem_bytes);
   attention_v12_wgmma_prefill_kernel<HEAD_DIM><<<grid, kThreads, smem_bytes, stream>>>(p);
 }
 

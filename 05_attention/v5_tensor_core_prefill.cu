@@ -305,8 +305,9 @@ void launch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t strea
   const int G = p.num_heads / p.num_kv_heads;
   const dim3 grid(unsigned((dims.max_seqlen_q * G + kBr - 1) / kBr), unsigned(p.num_kv_heads), unsigned(dims.num_seqs));
   const int smem_bytes = 4 * kBc * HEAD_DIM * 2;  // K x 2, V x 2
-  allow_dynamic_smem(reinterpret_cast<const void*>(attention_v5_tensor_core_prefill_kernel<HEAD_DIM>), smem_bytes,
-                     stream);
+  static PerDeviceOnce once;  // more than 48 KB at head_dim 128: opted in once per device (cuda_utils.h)
+  allow_dynamic_shared_memory(once, reinterpret_cast<const void*>(attention_v5_tensor_core_prefill_kernel<HEAD_DIM>),
+                              smem_bytes);
   attention_v5_tensor_core_prefill_kernel<HEAD_DIM><<<grid, kThreads, smem_bytes, stream>>>(p);
 }
 

@@ -100,7 +100,8 @@ void launch_v6_pipelined_decode(const AttentionParams& p, const LaunchDims& dims
     constexpr int kHeadDim = decltype(head_dim)::value;
     auto kernel = attention_v6_pipelined_decode_kernel<kHeadDim, decltype(rows)::value>;
     const int smem_bytes = kStages * 2 * LaneLayout<kHeadDim>::kStepKeys * kHeadDim * 2;
-    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem_bytes, stream);
+    static PerDeviceOnce once;  // one for each kernel this generic lambda is instantiated for
+    allow_dynamic_shared_memory(once, reinterpret_cast<const void*>(kernel), smem_bytes);
     kernel<<<grid, kWarps * 32, smem_bytes, stream>>>(p);
   });
   launch_decode_combine(p, dims.num_seqs, stream);

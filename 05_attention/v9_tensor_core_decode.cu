@@ -557,18 +557,15 @@ void launch_for_head_dim(const AttentionParams& p, int num_seqs, cudaStream_t st
   const int blocks = int(grid.x * grid.y * grid.z);
   const int smem_bytes = CLUSTER ? used_bytes : one_block_per_sm_launch_bytes(blocks, used_bytes);
   const auto kernel = attention_v9_tensor_core_decode_kernel<HEAD_DIM, CLUSTER>;
-  // Without clusters the larger of the two, whichever this launch asks for: a graph captured later may ask for
-  // the other.
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel),
-                     CLUSTER ? used_bytes : std::max(used_bytes, one_block_per_sm_smem_bytes()), stream);
-  // A cluster of more than 8 blocks must be asked for, per device as the shared memory (allow_dynamic_smem:
-  // outside a capture; the warm-up before it launches the same kernels).
-  if (CLUSTER && p.max_partitions > kPortableClusterSplits) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing == cudaStreamCaptureStatusNone)
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
+  // Opted in once per device (cuda_utils.h): without clusters to the larger of the two sizes, since a graph
+  // captured later may ask for the other.
+  static PerDeviceOnce smem_once, cluster_once;
+  if (CLUSTER) allow_dynamic_shared_memory(smem_once, reinterpret_cast<const void*>(kernel), used_bytes);
+  else allow_one_block_per_sm(smem_once, reinterpret_cast<const void*>(kernel), used_bytes);
+  // A cluster of more than 8 blocks must be asked for, once per device as the shared memory.
+  if (CLUSTER && p.max_partitions > kPortableClusterSplits)
+    once_per_device(cluster_once,
+                    [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)); });
   // v11: the splits of a (sequence, KV head) are one cluster (grid.x == p.splits <= kMaxClusterSplits).
   launch_overlapped_in_clusters(kernel, grid, CLUSTER ? unsigned(p.max_partitions) : 1u, kWarpsV9 * 32, smem_bytes,
                                 stream, p);

@@ -435,12 +435,6 @@ int clusters_per_wave(const LinearWgmmaPlan& plan) {
   return known[key] = clusters;
 }
 
-// The SMs of the GPU, read once (as clusters_per_wave's answers, for the GPU the process uses).
-int gpu_multiprocessors() {
-  static const int count = multiprocessor_count();
-  return count;
-}
-
 // The tensor map of a (rows, in) bf16 matrix at M for boxes of (box_rows, 64), 128-byte swizzled, zeros
 // past the edges (in % 8 == 0 and M 16-byte aligned: the copy engine's row stride and base; box_rows <= 256). Encoding one is a driver call (cuTensorMapEncodeTiled, reached through the runtime: no
 // link to the driver library); the maps are kept, by matrix and box, so that an eager decode step does not
@@ -593,7 +587,7 @@ void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, in
                        int out_features, cudaStream_t stream) {
   check_operands(x, W, n, in_features);  // linear_wgmma_plan's plans need no check: they are built to fit
   launch_plain(y, y_is_fp32, x, W, n, in_features, out_features,
-               linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave), stream);
+               linear_wgmma_plan(n, in_features, out_features, multiprocessor_count(), clusters_per_wave), stream);
 }
 
 void linear_wgmma_cuda(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n, int in_features,
@@ -618,14 +612,14 @@ void linear_wgmma_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in
          "8 == 0, 16-byte aligned x and W and an even out_features (n ", n, ", in ", in_features, ", out ",
          out_features, ")");
   launch_wgmma<bf16, true>(y, x, W, n, in_features, out_features,
-                           linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave), stream);
+                           linear_wgmma_plan(n, in_features, out_features, multiprocessor_count(), clusters_per_wave), stream);
   CUDA_CHECK_LAUNCH();
 }
 
 int linear_wgmma_partials_cuda(float* partials, const bf16* x, const bf16* W, int n, int in_features,
                                int out_features, cudaStream_t stream) {
   check_operands(x, W, n, in_features);
-  const LinearWgmmaPlan plan = linear_wgmma_plan(n, in_features, out_features, gpu_multiprocessors(), clusters_per_wave);
+  const LinearWgmmaPlan plan = linear_wgmma_plan(n, in_features, out_features, multiprocessor_count(), clusters_per_wave);
   launch_wgmma<float, false, true>(partials, x, W, n, in_features, out_features, plan, stream);
   CUDA_CHECK_LAUNCH();
   return plan.splits;

@@ -49,12 +49,17 @@ struct PerDeviceOnce {
   static constexpr int kMaxDevices = 64;
   std::once_flag flags[kMaxDevices];
 };
-inline void allow_dynamic_shared_memory(PerDeviceOnce& once, const void* kernel, int bytes) {
+// Runs set() the first time it is called on the current device, for `once`.
+template <class Set>
+void once_per_device(PerDeviceOnce& once, Set&& set) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   if (device >= PerDeviceOnce::kMaxDevices) fail("CUDA device ", device, ": more devices than the engine knows");
-  std::call_once(once.flags[device],
-                 [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); });
+  std::call_once(once.flags[device], std::forward<Set>(set));
+}
+inline void allow_dynamic_shared_memory(PerDeviceOnce& once, const void* kernel, int bytes) {
+  once_per_device(once,
+                  [&] { CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); });
 }
 
 // What grids are sized by, read once for each device (-1: the current one): launches ask on every eager call.
@@ -96,6 +101,12 @@ inline int one_block_per_sm_smem_bytes(int device = -1) {
 // the larger (allow_dynamic_shared_memory), since one launch may take either size.
 inline int one_block_per_sm_launch_bytes(int blocks, int used_bytes) {
   return blocks <= multiprocessor_count() ? std::max(used_bytes, one_block_per_sm_smem_bytes()) : used_bytes;
+}
+
+// The opt-in that goes with one_block_per_sm_launch_bytes: allows `kernel` the larger of the two sizes, once on
+// each device, since a launch may ask for either (a graph captured later may ask for the other).
+inline void allow_one_block_per_sm(PerDeviceOnce& once, const void* kernel, int used_bytes) {
+  allow_dynamic_shared_memory(once, kernel, std::max(used_bytes, one_block_per_sm_smem_bytes()));
 }
 
 // Whether the current GPU is of compute capability 9.0, the only one sm_90a code (wgmma: 05_attention's v12,
