@@ -3,7 +3,7 @@
 // for a graph that pulls its inputs itself and pushes its tokens (pull_async, push_tokens_async). Then the
 // edges between a step's kernels (cuda_utils.h): each kernel still reads its input whole when the one
 // before it was let in early; blocks asking for one_block_per_sm_smem_bytes never share an SM, and which
-// grids one_block_per_sm_launch_bytes asks those bytes for.
+// grids one_block_per_sm_launch_bytes asks those bytes for, and the opt-in allow_one_block_per_sm makes for them.
 #include <gtest/gtest.h>
 
 #ifdef NANOVLLM_CUDA

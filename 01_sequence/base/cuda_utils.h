@@ -44,7 +44,8 @@ inline bool cuda_device_present() {
 // A kernel that needs more than 48 KB of dynamic shared memory must opt in, once on each device: a function's
 // attributes belong to the device's context, and tensor-parallel ranks run on several GPUs, each from its own
 // thread. `once` is the call site's (a static, one for each kernel); the attribute is set on the first call on
-// each device, which the engine makes eagerly, before any CUDA graph is captured.
+// each device, which the engine makes eagerly, before any CUDA graph is captured. PerDeviceOnce also keeps
+// other once-a-device work: device_figures below, and v9's non-portable cluster size (once_per_device).
 struct PerDeviceOnce {
   static constexpr int kMaxDevices = 64;
   std::once_flag flags[kMaxDevices];
@@ -98,7 +99,7 @@ inline int one_block_per_sm_smem_bytes(int device = -1) {
 // The dynamic shared memory a launch of `blocks` blocks, each using `used_bytes`, asks for so that its blocks
 // land one an SM: at least one_block_per_sm_smem_bytes() for a grid no larger than the GPU's SM count, just
 // `used_bytes` for a larger one, which runs in waves whatever it asks for. The kernel must have been allowed
-// the larger (allow_dynamic_shared_memory), since one launch may take either size.
+// the larger (allow_one_block_per_sm, below), since one launch may take either size.
 inline int one_block_per_sm_launch_bytes(int blocks, int used_bytes) {
   return blocks <= multiprocessor_count() ? std::max(used_bytes, one_block_per_sm_smem_bytes()) : used_bytes;
 }
