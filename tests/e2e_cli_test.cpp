@@ -592,6 +592,12 @@ TEST(E2E_Cli, EveryCommandTakesHelpAndFlagEqualsValue) {
   auto dash_h = run_nanovllm("-h");
   EXPECT_EQ(dash_h.exit_code, 0) << dash_h.err;
   EXPECT_EQ(dash_h.out, run_nanovllm("help").out);
+  // `help help` was "unknown command 'help'" (found by hostile input, 2026-12-07): help is about itself.
+  for (const char* about_help : {"help help", "help --help", "help -h", "--help help"}) {
+    auto h = run_nanovllm(about_help);
+    EXPECT_EQ(h.exit_code, 0) << about_help << ": " << h.err;
+    EXPECT_EQ(h.out, dash_h.out) << about_help;
+  }
   // `help nosuch` printed the general help, exit 0.
   auto unknown = run_nanovllm("help nosuch");
   EXPECT_EQ(unknown.exit_code, 2);

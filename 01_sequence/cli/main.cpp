@@ -215,7 +215,10 @@ int main(int argc, char** argv) {
   }
   if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     // `help COMMAND` is `COMMAND --help`; a name that is no command is an error, not the general help.
-    if (argc == 3) {
+    // `help help` (and `help --help`, `help -h`) asks about help itself: the general help.
+    const bool about_help = argc == 3 && (!std::strcmp(argv[2], "help") || !std::strcmp(argv[2], "--help") ||
+                                          !std::strcmp(argv[2], "-h"));
+    if (argc == 3 && !about_help) {
       for (const Command& c : commands())
         if (!std::strcmp(argv[2], c.name)) return print_command_help(c);
       std::fprintf(stderr, "error: unknown command '%s' (try: nanovllm help)\n", one_line(argv[2]).c_str());

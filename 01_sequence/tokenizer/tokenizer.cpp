@@ -331,7 +331,10 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     if (!config.is_object()) fail(config_source, ": expected a JSON object");
     // Options of transformers' decode and encode that change their output, and that this tokenizer does
     // not have: refused when on, rather than ignored.
-    for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens"})
+    // add_bos_token, add_eos_token: a token before or after every encoding; add_prefix_space: a space before
+    // the text (transformers' fast tokenizers rewrite their pipeline for each when it is true).
+    for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens", "add_bos_token",
+                               "add_eos_token", "add_prefix_space"})
       if (const Json* on = config.find(option); on && !on->is_null() && (on->type() != Json::Type::Bool || on->as_bool()))
         fail(config_source, ": ", option, ": ", on->dump(), " is not implemented (only false)");
     const Json* eos = config.find("eos_token");
@@ -400,6 +403,13 @@ void Tokenizer::check_pipeline(const Json& root, std::string_view source) {
     where = "post_processor";
     if (const Json* pp = root.find("post_processor"); pp && !pp->is_null() && pp->at("type").as_string() != "ByteLevel")
       fail("unsupported type '", pp->at("type").as_string(), "' (only ByteLevel, or none, is implemented)");
+
+    // Hugging Face's encode() cuts (truncation) or fills (padding) the ids to a length when these are set;
+    // Qwen3's file has both null.
+    for (const char* option : {"truncation", "padding"}) {
+      where = option;
+      if (const Json* o = root.find(option); o && !o->is_null()) fail(o->dump(), " is not implemented (only null)");
+    }
   } catch (const Error& e) {
     fail(source, ": ", where, ": ", e.what());
   }

@@ -499,6 +499,9 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
       {"\"added_tokens\":[]", "\"added_tokens\":[{\"id\":16777215,\"content\":\"<x>\"}]",
        "added_tokens[0]: id 16777215 is out of range [0, 2097151]"},
       {"\"ab\":256", "\"ab\":2097152", "model.vocab['ab']: id 2097152 is out of range [0, 2097151]"},
+      // Found by hostile input (2026-12-07): encode() would cut or fill the ids in Hugging Face's.
+      {"\"model\":", "\"truncation\":{\"max_length\":5},\"model\":", "truncation: {\"max_length\":5} is not implemented (only null)"},
+      {"\"model\":", "\"padding\":{\"length\":5},\"model\":", "padding: {\"length\":5} is not implemented (only null)"},
   };
   for (const Case& c : cases) {
     std::string bad = good;
@@ -509,6 +512,10 @@ TEST(Ch01_TokenizerErrors, MalformedTokenizerJson) {
     EXPECT_NE(message.find("t.json"), std::string::npos) << message;
     EXPECT_NE(message.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in: " << message;
   }
+  // Qwen3's own file has both null.
+  std::string nulls = good;
+  nulls.replace(nulls.find("\"model\":"), 8, "\"truncation\":null,\"padding\":null,\"model\":");
+  EXPECT_EQ(error_of([&] { Tokenizer::from_json(nulls, "t.json"); }), "");
   // A vocabulary without all 256 byte tokens cannot encode every text.
   std::string no_byte = good;
   no_byte.replace(no_byte.find("\"a\":97,"), 7, "");
@@ -541,11 +548,16 @@ TEST(Ch01_TokenizerLoad, AddedTokensOfTheConfigMustBeTokenizerJsons) {
 
 TEST(Ch01_TokenizerLoad, ConfigOptionsThatChangeTheOutputAreRefusedWhenOn) {
   const std::string json = tiny_tokenizer_json({}, {});
-  for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens"}) {
+  for (const char* option : {"clean_up_tokenization_spaces", "split_special_tokens", "add_bos_token", "add_eos_token",
+                             "add_prefix_space"}) {
     const std::string off = std::string("{\"") + option + "\": false}", on = std::string("{\"") + option + "\": true}";
     EXPECT_EQ(error_of([&] { Tokenizer::from_json(json, "t.json", off, "c.json"); }), "") << option;
     EXPECT_EQ(error_of([&] { Tokenizer::from_json(json, "t.json", on, "c.json"); }),
               std::string("c.json: ") + option + ": true is not implemented (only false)");
+    // A string is not a boolean, even one that reads "true" (found by hostile input, 2026-12-07).
+    const std::string text = std::string("{\"") + option + "\": \"true\"}";
+    EXPECT_EQ(error_of([&] { Tokenizer::from_json(json, "t.json", text, "c.json"); }),
+              std::string("c.json: ") + option + ": \"true\" is not implemented (only false)");
   }
 }
 

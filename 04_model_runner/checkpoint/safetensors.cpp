@@ -408,7 +408,7 @@ void read_as_float(const TensorView& view, float* out) {
     case DType::F32: finite = convert_checking_finite(p, n, out, uint32_t(0x7f800000), f32_from_bits); break;
     default:
       fail(view.file, ": tensor '", view.name, "' is ", dtype_name(view.dtype),
-           ", not a float type (BF16, F16 or F32)");
+           ", not one of the float types read (BF16, F16 or F32)");
   }
   if (finite) return;
   for (size_t i = 0; i < n; i++)

@@ -287,7 +287,7 @@ TEST(Ch04_Safetensors, ReadAsFloatConvertsEachFloatType) {
   EXPECT_EQ(out[0], 0.1f);
   EXPECT_TRUE(std::signbit(out[1]));
   EXPECT_EQ(error_of([&] { read_as_float(*c.find("i64"), out); }),
-            dir / "x.safetensors" + ": tensor 'i64' is I64, not a float type (BF16, F16 or F32)");
+            dir / "x.safetensors" + ": tensor 'i64' is I64, not one of the float types read (BF16, F16 or F32)");
 }
 
 // bf16.h's host conversions, known answers worked out from the formats. float_to_bf16 rounds to nearest, ties to even
