@@ -10,6 +10,7 @@
 //     of this test binary), the other lines are output that the command before them must print (stdout
 //     and stderr together; each quoted line matches one printed line, in any order; "…" in a quoted
 //     line matches anything).
+// The walkthrough's "All exercises" list names each chapter's exercises, 1 to its README's last.
 // And no source comment cites a document that is not in the repository. tests/data/docs_fixture/ holds
 // a README broken on purpose: the checker must find each of its faults.
 #include <dirent.h>
@@ -317,6 +318,62 @@ std::string join(const std::vector<std::string>& lines) {
   return s;
 }
 
+
+// The walkthrough's "All exercises" list against each chapter's README. `readme` is a chapter README's
+// text: its exercises are the lines "N. ..." at the start of a line in its "## Exercises" section, which
+// must be numbered 1, 2, ... in order. `walkthrough` is the walkthrough's text: its bullet for the chapter,
+// "- [CHAPTER](../CHAPTER/README.md): 1 what; 2 what; ..." (continued on indented lines), must name the
+// same numbers, 1 to the README's last, each after the colon or a semicolon. Returns one message per fault.
+std::vector<std::string> check_exercise_list(const std::string& chapter, const std::string& readme,
+                                             const std::string& walkthrough) {
+  std::vector<std::string> faults;
+  std::vector<int> in_readme;
+  {
+    std::istringstream lines(readme);
+    std::string line;
+    bool inside = false;
+    std::smatch m;
+    while (std::getline(lines, line)) {
+      if (line.rfind("## ", 0) == 0) inside = line == "## Exercises";
+      else if (inside && std::regex_search(line, m, std::regex(R"(^(\d+)\. )")))
+        in_readme.push_back(std::stoi(m[1]));
+    }
+  }
+  for (size_t i = 0; i < in_readme.size(); i++)
+    if (in_readme[i] != static_cast<int>(i) + 1)
+      faults.push_back(chapter + "/README.md: exercise " + std::to_string(in_readme[i]) + " where " +
+                       std::to_string(i + 1) + " was due");
+
+  const std::string head = "- [" + chapter + "](../" + chapter + "/README.md):";
+  const std::string text = "\n" + walkthrough;  // so that a bullet on the first line starts a line too
+  const size_t start = text.find("\n" + head);
+  if (start == std::string::npos) {
+    if (!in_readme.empty()) faults.push_back("the walkthrough lists no exercises of " + chapter);
+    return faults;
+  }
+  std::string bullet;  // the bullet's text after its colon, its continuation lines joined
+  {
+    std::istringstream lines(text.substr(start + 1 + head.size()));
+    std::string line;
+    for (bool first = true; std::getline(lines, line); first = false) {
+      if (!first && line.rfind("  ", 0) != 0) break;
+      bullet += " " + line;
+    }
+  }
+  std::vector<int> listed;
+  const std::regex item(R"((?:^|;)\s+(\d+) )");
+  for (std::sregex_iterator it(bullet.begin(), bullet.end(), item), end; it != end; ++it)
+    listed.push_back(std::stoi((*it)[1]));
+  std::vector<int> due;
+  for (size_t i = 0; i < in_readme.size(); i++) due.push_back(static_cast<int>(i) + 1);
+  if (listed != due) {
+    std::string got;
+    for (int n : listed) got += (got.empty() ? "" : " ") + std::to_string(n);
+    faults.push_back("the walkthrough lists " + chapter + "'s exercises as [" + got + "], its README has " +
+                     std::to_string(in_readme.size()));
+  }
+  return faults;
+}
 }  // namespace
 
 TEST(Book_Docs, TheCheckerFindsEveryFaultOfABrokenReadme) {
@@ -377,5 +434,31 @@ TEST(Book_Docs, SourceCommentsCiteOnlyWhatIsInTheRepository) {
       if (std::regex_search(line, std::regex("notes P\\d+|" + notes)))
         faults.push_back(md + ":" + std::to_string(n) + ": " + line);
   }
+  EXPECT_TRUE(faults.empty()) << join(faults);
+}
+
+TEST(Book_Docs, TheWalkthroughListsEveryExerciseOfEachChapter) {
+  // The checker first, on a chapter of three exercises listed as two, and on one numbered out of order.
+  const std::string three = "# ch\n\n## Exercises\n\n1. **A.** a\n   more\n2. **B.** b\n3. **C.** c\n\n## Next\n4. not one\n";
+  const std::string listed_two = "## All exercises\n\n- [ch](../ch/README.md): 1 a; 2 b (3,\n  4 words).\n- [xx.md](xx.md): 3 x\n";
+  std::vector<std::string> faults = check_exercise_list("ch", three, listed_two);
+  ASSERT_EQ(faults.size(), 1u) << join(faults);
+  EXPECT_NE(faults[0].find("[1 2], its README has 3"), std::string::npos) << faults[0];
+  const std::string listed_three = "- [ch](../ch/README.md): 1 a; 2 b;\n  3 c\n";
+  EXPECT_TRUE(check_exercise_list("ch", three, listed_three).empty());
+  const std::string skipped = "## Exercises\n1. a\n3. c\n";
+  EXPECT_FALSE(check_exercise_list("ch", skipped, "- [ch](../ch/README.md): 1 a; 2 c\n").empty());
+
+  // Then the book.
+  const std::string walkthrough = nanovllm::read_file(kRoot + "/walkthrough/README.md");
+  faults.clear();
+  int chapters = 0;
+  for (const char* chapter : {"01_sequence", "02_scheduler", "03_block_manager", "04_model_runner",
+                              "05_attention", "06_tensor_parallel", "07_sampler"}) {
+    const std::string readme = nanovllm::read_file(kRoot + "/" + chapter + "/README.md");
+    if (readme.find("\n## Exercises\n") != std::string::npos) chapters++;
+    for (const std::string& f : check_exercise_list(chapter, readme, walkthrough)) faults.push_back(f);
+  }
+  EXPECT_EQ(chapters, 7);
   EXPECT_TRUE(faults.empty()) << join(faults);
 }
