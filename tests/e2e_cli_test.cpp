@@ -294,8 +294,8 @@ TEST(E2E_Cli, DetokenizeNamesAnIdThatIsNoInteger) {
 // 3,000,000-byte file takes 7 passes (6 would be 18 MB), a 4,000,000-byte one exactly 5 (20 MB, no sixth).
 TEST(E2E_Cli, BenchTokenizerEncodesAtLeast20MegabytesInWholePasses) {
   test::TempDir dir;
-  for (const auto& [bytes, line] : {std::pair<size_t, std::string>{3000000, "encoded 3.00 MB (1 files) x 7 passes = 21.0 MB, "},
-                                    {4000000, "encoded 4.00 MB (1 files) x 5 passes = 20.0 MB, "}}) {
+  for (const auto& [bytes, line] : {std::pair<size_t, std::string>{3000000, "encoded 3.00 MB (1 file) x 7 passes = 21.0 MB, "},
+                                    {4000000, "encoded 4.00 MB (1 file) x 5 passes = 20.0 MB, "}}) {
     std::string text;
     while (text.size() < bytes) text += "hello world ";
     text.resize(bytes);
@@ -622,6 +622,12 @@ TEST(E2E_Cli, SummaryLinesSayWhereItRanAndCountInEnglish) {
   EXPECT_EQ(r.err.rfind("device cpu: ", 0), 0u) << r.err;  // the first line: device and KV blocks
   EXPECT_NE(r.err.find(" KV blocks of 256 tokens"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("\n1 request: 3 tokens computed in 1 prefill step ("), std::string::npos) << r.err;
+  // One of each is singular ("1 tokens" and "1 decode tokens" were printed).
+  auto one = run_nanovllm("generate --device cpu --model " + golden_model("tiny-qwen3-a") +
+                          " --prompt-ids 1 --max-tokens 2 --temperature 0 --ignore-eos");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.err.find("\n1 request: 1 token computed in 1 prefill step ("), std::string::npos) << one.err;
+  EXPECT_NE(one.err.find(", 1 decode token in 1 step ("), std::string::npos) << one.err;
 }
 
 // The summary counts in English, zero in the plural ("0 steps"; only 1 is singular), and over two tensor-parallel

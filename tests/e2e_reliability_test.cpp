@@ -395,11 +395,41 @@ TEST(E2E_Reliability, UnknownBenchPresetIsAUsageErrorBeforeWriting) {
   EXPECT_EQ(data.entries(), std::set<std::string>{"qwen3-tokenizer"});  // nothing written
 }
 
+TEST(E2E_Reliability, BenchFlagsAreCheckedBeforeTheRandomWeightsAreWritten) {
+  // A bad engine flag was found only after --random had written the checkpoint (16 GB for qwen3-8b), and a bad
+  // --block-size or --device was then a data error (exit 1) that did not name the flag.
+  FreshDataDir data;
+  ScratchDir logs;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bench --num-seqs 1 --max-num-seqs 0", "error: --max-num-seqs must be in [1, 1048576], got 0 "},
+      {"bench --num-seqs 1 --seed -1", "error: --seed expects a non-negative integer, got '-1' "},
+      {"bench --num-seqs 1 --collectives bogus", "error: --collectives must be spin or events, got 'bogus' "},
+      {"bench --num-seqs 1 --tensor-parallel-size 9", "error: --tensor-parallel-size must be in [1, 8], got 9 "},
+      {"bench --num-seqs 1 --block-size 24", "error: --block-size must be a multiple of 16 "},
+      {"bench --num-seqs 1 --device gpu", "error: --device must be cpu or cuda, got 'gpu' "},
+      {"bench-step --tensor-parallel-size 0", "error: --tensor-parallel-size must be in [1, 8], got 0 "},
+      {"bench-step --block-size 40", "error: --block-size must be a multiple of 16 "},
+      {"bench-step --device bogus", "error: --device must be cpu or cuda, got 'bogus' "},
+  };
+  for (const auto& [args, message] : cases) {
+    const bool names_device = args.find("--device") != std::string::npos;
+    const std::string line = "NANOVLLM_DATA_DIR='" + data.path + "' " + test::nanovllm_binary() + " " + args +
+                             " --random tiny" + (names_device ? "" : " --device cpu") + " 2>" + logs.path + "/err";
+    const int status = std::system(line.c_str());
+    EXPECT_EQ(WEXITSTATUS(status), 2) << args;
+    const std::string err = read_file(logs.path + "/err");
+    EXPECT_TRUE(test::is_one_error_line(err)) << args << ": " << err;
+    EXPECT_EQ(err.rfind(message, 0), 0u) << args << ": " << err;
+  }
+  EXPECT_EQ(data.entries(), std::set<std::string>{"qwen3-tokenizer"});  // nothing written
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The minor ones
 
 TEST(E2E_Reliability, PromptIdsArePlainCommaSeparatedNumbers) {
-  for (const char* ids : {"1,2,", "1, 2", "+1", "1,,2", ",1", " 1", "1 ", "0x1", "-1", "99999999999"}) {
+  for (const char* ids : {"1,2,", "1, 2", "+1", "1,,2", ",1", " 1", "1 ", "0x1", "-1", "99999999999", "-0", "007",
+                          "1,00"}) {
     auto r = run_nanovllm("generate" + kCpuA + " --prompt-ids '" + ids + "'");
     EXPECT_EQ(r.exit_code, 2) << ids;
     EXPECT_TRUE(test::is_one_error_line(r.err)) << ids << ": " << r.err;

@@ -137,8 +137,6 @@ int cmd_bench(const Flags& flags) {
   const int max_input_len = int(flags.get_int("max-input-len", 1024, 100, 1 << 20));
   const int max_output_len = int(flags.get_int("max-output-len", 1024, 100, 1 << 20));
 
-  const std::string model = model_from(flags);
-
   // bench.py's workload.
   PythonRandom rng(0);
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(num_seqs));
@@ -157,13 +155,12 @@ int cmd_bench(const Flags& flags) {
   }
 
   EngineConfig config;
-  config.model = model;
-  config.device = device_or_default(flags.get("device"));  // known here: --profile's graphs depend on it
+  config.device = device_or_default(device_from(flags));  // known here: --profile's graphs depend on it
   config.max_model_len = int(flags.get_int("max-model-len", 4096, 1, 1 << 24));
   config.max_num_seqs = int(flags.get_int("max-num-seqs", config.max_num_seqs, 1, 1 << 20));
   config.max_num_batched_tokens = int(flags.get_int("max-num-batched-tokens", config.max_num_batched_tokens, 1, 1 << 24));
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
-  config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
+  config.kvcache_block_size = block_size_from(flags, 256);
   if (flags.has("kv-cache-blocks")) config.num_kvcache_blocks = int(flags.get_int("kv-cache-blocks", -1, 1, 1 << 30));
   // Profiling times operations one by one: no graphs to capture (the CPU has none, and no note about it).
   const bool on_cpu = config.device == "cpu";
@@ -176,6 +173,9 @@ int cmd_bench(const Flags& flags) {
   config.trace = flags.has("trace");
   config.overlap_steps = !flags.has("no-overlap");
   config.seed = flags.get_uint64("seed", 0);
+  // Last, once every other flag is known good: --random may write a whole checkpoint (1.2 GB for qwen3-0.6b).
+  const std::string model = model_from(flags);
+  config.model = model;
 
   // bench.py's ids go up to 10,000 whatever the model (Qwen3's vocabulary has 151,936): a smaller vocabulary is
   // named here, not as "request 1: token id 6890 is outside the vocabulary", an id the user never gave, and
@@ -239,8 +239,9 @@ int cmd_bench(const Flags& flags) {
                        int(o.token_ids.size())});
   const ServingMetrics m = serving_metrics(timings);
   std::printf("TTFT (time to first token): median %.1f ms, p99 %.1f ms; TPOT (time per output token): median %.2f ms, "
-              "p99 %.2f ms; over %d requests arriving at t=0\n",
-              1e3 * m.ttft_median, 1e3 * m.ttft_p99, 1e3 * m.tpot_median, 1e3 * m.tpot_p99, m.requests);
+              "p99 %.2f ms; over %s arriving at t=0\n",
+              1e3 * m.ttft_median, 1e3 * m.ttft_p99, 1e3 * m.tpot_median, 1e3 * m.tpot_p99,
+              counted(m.requests, "request").c_str());
   std::printf("prompt tokens %lld, prefill steps %lld (%.3f s); %lld decode steps (%.3f s, %.3f ms/step)\n",
               (long long)prompt_tokens, (long long)(s.prefill_steps - before.prefill_steps), prefill_seconds,
               (long long)decode_steps, decode_seconds, 1e3 * decode_seconds / double(std::max<int64_t>(decode_steps, 1)));
@@ -287,11 +288,10 @@ int cmd_bench_step(const Flags& flags) {
   const int context = int(flags.get_int("context", 1000, 1, 1 << 20));
   const int iterations = int(flags.get_int("iters", 20, 1, 100000));
   EngineConfig config;
-  config.model = model_from(flags);
-  config.device = flags.get("device");
+  config.device = device_from(flags);
   config.max_num_seqs = std::max(batch, 1);
   config.max_num_batched_tokens = std::max(batch, 1024);
-  config.kvcache_block_size = int(flags.get_int("block-size", 256, 16, 1 << 16));
+  config.kvcache_block_size = block_size_from(flags, 256);
   config.max_model_len = std::max(4096, context);
   config.gpu_memory_utilization = float(flags.get_double("gpu-memory-utilization", 0.9, 0.01, 1.0));
   config.cpu_memory_mib = int(flags.get_int("cpu-memory-mib", config.cpu_memory_mib, 1, 1 << 24));
@@ -299,6 +299,7 @@ int cmd_bench_step(const Flags& flags) {
   config.attention_version = attention_version_from(flags);
   config.linear_version = linear_version_from(flags);
   config.collectives = collectives_from(flags);
+  config.model = model_from(flags);  // last, once every other flag is known good: --random may write the weights
   config.validate();
   ModelRunner runner(config);
   const ModelConfig& mc = runner.model_config();

@@ -177,6 +177,14 @@ TEST(Ch01_Cli, LineReaderNumbersEveryLineAndRefusesOneByteOverTheLimit) {
   ASSERT_TRUE(lines.next(line));
   EXPECT_EQ(line, std::string(limit, 'x'));
   EXPECT_EQ(error_of([&] { lines.next(line); }), dir / "long" + " line 2: longer than 4 MiB");
+  // A byte order mark is left out of line 1 only: anywhere else it is the line's own bytes.
+  const std::string bom = "\xEF\xBB\xBF";
+  write_string(dir / "bom", bom + "[1]\n" + bom + "[2]\n");
+  LineReader marked(dir / "bom");
+  ASSERT_TRUE(marked.next(line));
+  EXPECT_EQ(line, "[1]");
+  ASSERT_TRUE(marked.next(line));
+  EXPECT_EQ(line, bom + "[2]");
 }
 
 namespace {

@@ -128,6 +128,12 @@ LineReader::~LineReader() {
 }
 
 bool LineReader::next(std::string& line) {
+  if (!read_line(line)) return false;
+  if (line_number_ == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+  return true;
+}
+
+bool LineReader::read_line(std::string& line) {
   line.clear();
   // One byte at a time through stdio's buffer (getc_unlocked: no lock per byte), so that a NUL byte stays
   // in the line for the JSON parser to name, and the length is checked as the line grows.
@@ -187,6 +193,19 @@ std::string engine_options_help() {
 
 int linear_version_from(const Flags& flags) {
   return int(flags.get_int("linear-version", kLinearVersionDefault, kLinearVersionMin, kLinearVersionMax));
+}
+
+std::string device_from(const Flags& flags) {
+  const std::string device = flags.get("device");
+  if (!device.empty() && device != "cpu" && device != "cuda")
+    throw UsageError("--device must be cpu or cuda, got '" + device + "'");
+  return device;
+}
+
+int block_size_from(const Flags& flags, int fallback) {
+  const int block_size = int(flags.get_int("block-size", fallback, 16, 1 << 16));
+  if (block_size % 16 != 0) throw UsageError("--block-size must be a multiple of 16");
+  return block_size;
 }
 
 std::string collectives_from(const Flags& flags) {

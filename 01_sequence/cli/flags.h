@@ -60,7 +60,8 @@ void flush_stdout();
 // next() gives the next line without its newline and returns false at the end; a read that failed rather than
 // ended is Error "NAME: read failed: <reason>", and a line longer than kMaxLineBytes is Error "NAME line N:
 // longer than 4 MiB", since a stream with no newline (a binary file, /dev/zero) would otherwise grow one
-// string without bound. NAME is "stdin" or the path.
+// string without bound. NAME is "stdin" or the path. A byte order mark at the start of line 1, which Windows
+// editors write at the start of a UTF-8 file and which is not JSON, is left out of the line.
 class LineReader {
  public:
   static constexpr size_t kMaxLineBytes = size_t(4) << 20;
@@ -75,6 +76,7 @@ class LineReader {
   const std::string& name() const { return name_; }
 
  private:
+  bool read_line(std::string& line);  // next() without the byte order mark's check
   FILE* file_;
   std::string name_;
   int line_number_ = 0;
@@ -88,6 +90,13 @@ int attention_version_from(const Flags& flags);
 int linear_version_from(const Flags& flags);
 // The "engine options" paragraph of `nanovllm help`, its version ranges read from the code that checks them.
 std::string engine_options_help();
+
+// --device cpu|cuda, or "" where left out (the GPU where there is one: device_or_default,
+// 04_model_runner/backend.h). Any other value is a usage error.
+std::string device_from(const Flags& flags);
+// --block-size N: a multiple of 16 from 16 to 65,536 tokens, `fallback` where left out. A usage error names
+// the flag (EngineConfig::validate would catch it too, but only once the model is loaded, and as a data error).
+int block_size_from(const Flags& flags, int fallback);
 
 // --collectives spin|events: how GPU tensor-parallel ranks wait for each other (EngineConfig::collectives);
 // default spin. Any other value is a usage error.

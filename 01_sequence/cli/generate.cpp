@@ -34,7 +34,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     const size_t end = std::min(text.find(',', start), text.size());
     int64_t v = -1;
     auto [stop, ec] = std::from_chars(text.data() + start, text.data() + end, v);
-    if (ec != std::errc() || stop != text.data() + end || end == start || v < 0 || v > INT32_MAX)
+    // Digits only, and no leading zero but in "0" itself: from_chars would also take "-0" and "007".
+    const bool plain = end > start && text[start] >= '0' && text[start] <= '9' && (text[start] != '0' || end == start + 1);
+    if (!plain || ec != std::errc() || stop != text.data() + end || v > INT32_MAX)
       throw UsageError("--prompt-ids expects comma-separated token ids, got '" + text + "'");
     ids.push_back(int32_t(v));
     if ((start = end) == text.size()) break;
@@ -62,7 +64,7 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   c.model = f.get("model");
   if (c.model.empty() && !default_allowed) throw UsageError("--model DIR is required");
   c.tokenizer = f.get("tokenizer");
-  c.device = f.get("device");
+  c.device = device_from(f);
   c.max_num_seqs = int(f.get_int("max-num-seqs", c.max_num_seqs, 1, 1 << 20));
   c.max_num_batched_tokens = int(f.get_int("max-num-batched-tokens", c.max_num_batched_tokens, 1, 1 << 24));
   c.max_model_len = int(f.get_int("max-model-len", c.max_model_len, 1, 1 << 24));
@@ -71,8 +73,7 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   c.attention_version = attention_version_from(f);
   c.linear_version = linear_version_from(f);
   c.collectives = collectives_from(f);
-  c.kvcache_block_size = int(f.get_int("block-size", c.kvcache_block_size, 16, 1 << 16));
-  if (c.kvcache_block_size % 16 != 0) throw UsageError("--block-size must be a multiple of 16");
+  c.kvcache_block_size = block_size_from(f, c.kvcache_block_size);
   c.num_kvcache_blocks = int(f.get_int("kv-cache-blocks", -1, 1, 1 << 30));
   if (!f.has("kv-cache-blocks")) c.num_kvcache_blocks = -1;
   c.tensor_parallel_size = int(f.get_int("tensor-parallel-size", 1, 1, 8));
@@ -80,8 +81,6 @@ EngineConfig engine_config_from(const Flags& f, bool default_allowed) {
   c.trace = f.has("trace");
   c.overlap_steps = !f.has("no-overlap");
   c.seed = f.get_uint64("seed", 0);
-  if (!c.device.empty() && c.device != "cpu" && c.device != "cuda")
-    throw UsageError("--device must be cpu or cuda, got '" + c.device + "'");
   return c;
 }
 
@@ -219,8 +218,6 @@ std::vector<Request> read_requests(const std::string& path, const SamplingParams
   for (std::string text; in.next(text);) {
     if ((left.bytes -= (long long)text.size() + 1) < 0)
       fail(in.name(), " line ", in.line_number(), ": more than ", kAnyFile.bytes >> 30, " GiB of requests in the run");
-    // A byte order mark, which Windows editors write at the start of a UTF-8 file, is not JSON: skipped.
-    if (in.line_number() == 1 && text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines separate, as in JSON Lines files
     if (left.requests-- == 0)
       fail(in.name(), " line ", in.line_number(), ": more than ", RequestsLeft().requests, " requests in the run");
@@ -326,13 +323,11 @@ int cmd_generate(const Flags& flags) {
     }
   }
   const EngineStats& s = engine.stats();
-  auto s_if = [](int64_t n) { return n == 1 ? "" : "s"; };  // "1 request", "2 requests"
-  std::fprintf(stderr,
-               "%zu request%s: %lld tokens computed in %lld prefill step%s (%.0f tok/s), %lld decode tokens in %lld "
-               "step%s (%.0f tok/s)\n",
-               outputs.size(), s_if(int64_t(outputs.size())), (long long)s.prefill_tokens, (long long)s.prefill_steps,
-               s_if(s.prefill_steps), s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
-               (long long)s.decode_tokens, (long long)s.decode_steps, s_if(s.decode_steps),
+  std::fprintf(stderr, "%s: %s computed in %s (%.0f tok/s), %s in %s (%.0f tok/s)\n",
+               counted(int64_t(outputs.size()), "request").c_str(), counted(s.prefill_tokens, "token").c_str(),
+               counted(s.prefill_steps, "prefill step").c_str(),
+               s.prefill_seconds > 0 ? s.prefill_tokens / s.prefill_seconds : 0.0,
+               counted(s.decode_tokens, "decode token").c_str(), counted(s.decode_steps, "step").c_str(),
                s.decode_seconds > 0 ? s.decode_tokens / s.decode_seconds : 0.0);
   const std::vector<int64_t>& rank_steps = engine.model_runner().rank_steps();
   if (rank_steps.size() > 1) {  // every rank ran every step: the proof that the ranks worked together
@@ -341,9 +336,8 @@ int cmd_generate(const Flags& flags) {
     log("tensor parallel: %zu ranks, steps run by each:%s", rank_steps.size(), steps.c_str());
   }
   if (engine.scheduler().num_preemptions() || engine.scheduler().block_manager().total_hit_blocks())
-    std::fprintf(stderr, "prefix cache: %lld block%s hit; preemptions: %lld\n",
-                 (long long)engine.scheduler().block_manager().total_hit_blocks(),
-                 s_if(engine.scheduler().block_manager().total_hit_blocks()),
+    std::fprintf(stderr, "prefix cache: %s hit; preemptions: %lld\n",
+                 counted(engine.scheduler().block_manager().total_hit_blocks(), "block").c_str(),
                  (long long)engine.scheduler().num_preemptions());
   return 0;
 }

@@ -137,8 +137,8 @@ int cmd_bench_tokenizer(const Flags& flags) {
     if (pass == 0) first_pass_s = std::chrono::duration<double>(Clock::now() - start).count();
   }
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("encoded %.2f MB (%zu files) x %d passes = %.1f MB, %zu tokens, in %.3f s\n", megabytes,
-              files.size(), passes, megabytes * passes, tokens, seconds);
+  std::printf("encoded %.2f MB (%s) x %d passes = %.1f MB, %zu tokens, in %.3f s\n", megabytes,
+              counted(int64_t(files.size()), "file").c_str(), passes, megabytes * passes, tokens, seconds);
   std::printf("throughput: %.2f MB/s, %.2f M tokens/s (first pass, cold word cache: %.2f MB/s)\n",
               megabytes * passes / seconds, double(tokens) / seconds / 1e6, megabytes / first_pass_s);
   return 0;
