@@ -65,7 +65,8 @@ std::pair<std::vector<Sequence*>, bool> Scheduler::schedule() {
   }
   if (!scheduled.empty()) return {scheduled, true};
 
-  // Decode: one token for each running sequence, preempting from the back when blocks run out.
+  // Decode: one token for each of the first max_num_seqs running sequences, preempting from the back when blocks
+  // run out.
   while (!running_.empty() && int(scheduled.size()) < max_num_seqs_) {
     Sequence* seq = running_.front();
     running_.pop_front();

@@ -7,10 +7,11 @@
 //  - Prefill takes waiting sequences first come first served, up to max_num_seqs sequences and
 //    max_num_batched_tokens tokens. Only the first sequence of a step may be cut short (chunked); a later
 //    one that does not fit whole waits for the next step.
-//  - Decode advances every running sequence by one token. When the KV cache has no block for a sequence's
-//    next token, the most recently started running sequence is preempted: its blocks are released and it
-//    goes back to the front of the waiting queue, to be recomputed (its full blocks may come back from
-//    the prefix cache, if no other sequence has taken them meanwhile).
+//  - Decode advances the first max_num_seqs running sequences (all of them, if fewer) by one token each; the
+//    rest wait, in order, until one ahead of them finishes or is preempted. When the KV cache has no block
+//    for a sequence's next token, the most recently started running sequence is preempted: its blocks are
+//    released and it goes back to the front of the waiting queue, to be recomputed (its full blocks may
+//    come back from the prefix cache, if no other sequence has taken them meanwhile).
 // Beyond nano-vllm: a request that could never run (longer than max_model_len, or needing more KV blocks
 // than exist) is refused by add() instead of crashing or deadlocking later.
 #pragma once
