@@ -19,8 +19,8 @@ struct SamplingParams {
   int top_k = 0;            // keep the k most likely tokens; 0 keeps all (beyond nano-vllm)
   float top_p = 1.0f;       // keep the smallest set whose probability reaches p; 1 keeps all
   // Seed of this request's random numbers. Unset: the engine derives one from its own seed and the
-  // request's seq_id (the count of requests the engine was given before it: on the command line, its
-  // position in the list), so a seeded run is reproducible however it is batched.
+  // request's seq_id (the count of requests the engine accepted before it, a refused one taking no id: on
+  // the command line, its position in the list), so a seeded run is reproducible however it is batched.
   std::optional<uint64_t> seed;
 
   // Throws Error naming the first invalid field and its value.
