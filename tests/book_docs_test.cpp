@@ -318,7 +318,6 @@ std::string join(const std::vector<std::string>& lines) {
   return s;
 }
 
-
 // The walkthrough's "All exercises" list against each chapter's README. `readme` is a chapter README's
 // text: its exercises are the lines "N. ..." at the start of a line in its "## Exercises" section, which
 // must be numbered 1, 2, ... in order. `walkthrough` is the walkthrough's text: its bullet for the chapter,
@@ -364,9 +363,9 @@ std::vector<std::string> check_exercise_list(const std::string& chapter, const s
   const std::regex item(R"((?:^|;)\s+(\d+) )");
   for (std::sregex_iterator it(bullet.begin(), bullet.end(), item), end; it != end; ++it)
     listed.push_back(std::stoi((*it)[1]));
-  std::vector<int> due;
-  for (size_t i = 0; i < in_readme.size(); i++) due.push_back(static_cast<int>(i) + 1);
-  if (listed != due) {
+  bool one_to_n = listed.size() == in_readme.size();
+  for (size_t i = 0; one_to_n && i < listed.size(); i++) one_to_n = listed[i] == static_cast<int>(i) + 1;
+  if (!one_to_n) {
     std::string got;
     for (int n : listed) got += (got.empty() ? "" : " ") + std::to_string(n);
     faults.push_back("the walkthrough lists " + chapter + "'s exercises as [" + got + "], its README has " +
