@@ -399,7 +399,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   // warm_kv_cache: the branch's stream, its fork, one join event a branch of the graph being captured (reused
   // from one capture to the next), how many branches that capture has, and the loads' checksum (read by nobody).
-  // The budget, bytes a layer: 16 MiB up to 32 rows, 8 MiB above, the best of 4-24 MiB measured at 16, 32 and
+  // The budget, bytes a layer: 16 MiB up to 32 rows, 8 MiB above, the best of 8-24 MiB measured at 16, 32 and
   // 64 rows with the projections' weights marked evict-first (v6's copies of W, linear_wgmma.cu).
   static constexpr int kWarmKvMinRows = 16, kWarmKvMaxRows = 128, kWarmKvFewRows = 32;
   static constexpr int64_t kWarmKvFewRowsBytes = int64_t(16) << 20, kWarmKvBytes = int64_t(8) << 20;

@@ -114,7 +114,7 @@ TEST(Ch04_BackendCuda, AGraphPullsItsRangesAndPushesItsTokensAtEachReplay) {
   const cudaStream_t stream = static_cast<cudaStream_t>(backend->stream());
   const int64_t words = 16384, stride = 128, num_tokens = 100;
   const int64_t token_word = 2048, slot_word = 15000;  // where the tokens and the slot are, in words
-  // Four ranges, 42 KB: more than one round of the pull's block (32 KB).
+  // Four ranges, 40,412 bytes: more than one round of the pull's block (32 KiB).
   const std::vector<Backend::ByteRange> ranges = {{0, 400}, {4096, 8}, {4 * token_word, 40000}, {4 * slot_word, 4}};
   Buffer mirror(Device::CPU, size_t(words) * 4, /*pinned=*/true), device(Device::CUDA, size_t(words) * 4);
   Buffer tokens(Device::CPU, size_t(2 * stride) * 4, /*pinned=*/true), spin(Device::CUDA, 4096);

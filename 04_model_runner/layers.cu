@@ -379,7 +379,8 @@ void qk_norm_rope_store_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, 
     fail("internal: qk_norm_rope_store_cuda needs 16-byte aligned qkv rows (row stride ", row_stride, ")");
   const int heads = num_heads + 2 * num_kv_heads;
   // A prefill's thousands of rows: blocks of 4 warps, 16 of them an SM, each with its row in flight. A decode
-  // batch's few: a warp per head, so that no warp norms several heads one after another while SMs idle.
+  // batch's few: a warp per head up to 32 warps (a block's most), so that no warp norms several heads one after
+  // another while SMs idle (above 32 heads, Qwen3-8B's 48, some warps take two).
   const int warps = n >= kPrefillRows ? 4 : std::min(heads, 32);
   const size_t smem = size_t(heads) * head_dim * sizeof(bf16);
   auto launch = [&](auto kernel) {

@@ -85,8 +85,8 @@ void qk_norm_rope_cuda(bf16* qkv, int64_t row_stride, const bf16* q_norm, const 
 // qk_norm_rope_cuda and store_kvcache_cuda in one kernel, with the same arithmetic and rounding as the
 // two (the same bits in q and in the cache): q, k and v are read once, and k goes to its cache slot
 // without the round trip through qkv. Unlike qk_norm_rope_cuda it leaves qkv's k raw (attention reads keys
-// from the cache only). qkv's rows start 16 bytes apart at least (qkv 16-byte aligned, row_stride a multiple of 8):
-// each is copied into shared memory in 16-byte pieces. k_cache, v_cache: (num_slots, num_kv_heads *
+// from the cache only). Each qkv row starts on a 16-byte boundary (qkv 16-byte aligned, row_stride a multiple of 8;
+// checked): each is copied into shared memory in 16-byte pieces. k_cache, v_cache: (num_slots, num_kv_heads *
 // head_dim) bf16, one layer's cache. Launched overlapped, it reads positions and slot_mapping (and the
 // weights) before waiting for the previous kernel: that kernel must not write them (cuda_utils.h; in a step
 // they are the step's upload).

@@ -222,7 +222,7 @@ TEST(Ch04_LayersCuda, QkNormRopeStoreFused) {
   }
 }
 
-// The model's decode call Backend::qk_norm_rope_store_attention: attention v9 and v10 do the qk-norm, RoPE
+// The model's decode call Backend::qk_norm_rope_store_attention: attention v9, v10 and v11 do the qk-norm, RoPE
 // and KV write inside the attention kernel (decode_attention_fused_cuda). Against the two launches it
 // replaces (the same bits, in out and in both caches) and against the CPU spec (qk_norm_rope_store_cpu,
 // then decode_attention_cpu). Cases: Qwen3-0.6B's heads with 1 split (20 sequences) and several (3), GQA
@@ -399,7 +399,7 @@ TEST(Ch04_LayersCuda, OProjMergesDecodeAttentionsSplitsAtOneSequence) {
     EXPECT_LE(rel_error(to_float(d_normed.get()), out_want), 1e-2) << what << ": norm against the CPU";
   }
   // Where it does not run: more than one sequence, versions other than 10 and 11, a KV head's query heads
-  // wider than kOProjMergeMaxColumns (8 x 128), and shapes that fall back to v0.
+  // wider than kOProjMergeMaxColumns (512; here 8 x 128), and shapes that fall back to v0.
   const AttentionShape qwen{16, 8, 128, 16, 0.088f};
   EXPECT_TRUE(decode_attention_o_proj_fits(10, 1, qwen));
   EXPECT_FALSE(decode_attention_o_proj_fits(kAttentionVersionDefault, 2, qwen));

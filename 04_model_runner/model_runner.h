@@ -111,7 +111,8 @@ class ModelRunner {
   size_t kv_block_bytes() const { return kv_block_bytes_; }                       // all ranks together
   // Decode batch sizes with a captured CUDA graph (empty on the CPU or with --enforce-eager).
   std::vector<int> graph_batch_sizes() const;
-  // Steps each rank has run: with tensor parallelism every rank runs every step (--trace shows it).
+  // Steps each rank has run: with tensor parallelism every rank runs every step (generate's summary prints
+  // them, "steps run by each").
   const std::vector<int64_t>& rank_steps() const { return rank_steps_; }
   // The prefill sizes the GPU warm-up runs (warm_up_prefill): 1024, 2048, ... below the largest prefill
   // the workspace and the KV cache hold (max_num_batched_tokens tokens, in sequences of at most

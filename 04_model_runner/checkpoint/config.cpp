@@ -13,7 +13,8 @@ namespace nanovllm {
 namespace {
 
 // Typed access to the fields of one JSON object, with errors "PATH: field 'NAME': expected ...".
-// A field set to null counts as absent, as transformers treats it (e.g. "pad_token_id": null).
+// An optional field set to null counts as absent, as transformers treats it (e.g. "pad_token_id": null); a
+// required one set to null is a type error ("expected an integer, got null").
 class FieldReader {
  public:
   // `group` names a nested object ("rope_parameters"), so that errors say 'rope_parameters.rope_theta'.
