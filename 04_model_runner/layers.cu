@@ -62,7 +62,7 @@ __device__ inline void partial_sum_x8(const float* partials, int splits, int64_t
 }
 
 // out (n, hidden) bf16 = x / rms(x) * w, x (n, hidden) bf16, weight (hidden,) bf16, one row per block of
-// kRowThreads (hidden % 8 == 0, at most 8 CHUNKS kRowThreads); with RESIDUAL (residual (n, hidden) bf16), x += residual first and the (rounded) sum is
+// kRowThreads (hidden % 8 == 0, hidden <= 8 * CHUNKS * kRowThreads); with RESIDUAL (residual (n, hidden) bf16), x += residual first and the (rounded) sum is
 // written back to residual. CHUNKS: 16-byte chunks a thread holds, at least hidden / (8 * kRowThreads) (1 for
 // hidden 1,024). A compile-time count, so that the registers are those of the row at hand: sized for the
 // largest row (8 chunks) the kernel took 115 registers, 4 blocks an SM, and a prefill's 16,000-row calls

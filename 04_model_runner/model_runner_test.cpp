@@ -1,5 +1,6 @@
-// ModelRunner's input preparation: the flat arrays built from sequences' counters and block tables, on
-// hand-computed examples (nano-vllm's prepare_prefill / prepare_decode).
+// ModelRunner on the CPU: input preparation (the flat arrays built from sequences' counters and block tables, on
+// hand-computed examples: nano-vllm's prepare_prefill / prepare_decode), the KV budget and graph sizes, the
+// overlapped steps' rules, the checkpoint and shape refusals, and the CPU backend's pull, push and norms.
 #include "04_model_runner/model_runner.h"
 
 #include <gtest/gtest.h>
