@@ -93,7 +93,8 @@ AttentionParams make_params(bf16* out, int64_t out_stride, const bf16* q, int64_
   return p;
 }
 
-// The 16-byte loads and stores of every version from v1 on need 16-byte aligned rows (v0 takes any).
+// v1-v4 and v6-v8 load and store q and out rows 16 bytes at a time, which needs 16-byte aligned rows; v5 and
+// v9-v12 (4 bytes at a time at most) are held to the same rule. v0 takes any.
 void check_alignment(int version, const bf16* q, int64_t q_stride, const bf16* out, int64_t out_stride) {
   if (version == 0) return;
   if (q_stride % 8 != 0 || out_stride % 8 != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0 ||
@@ -162,7 +163,8 @@ size_t decode_attention_scratch_bytes(int max_seqs, int max_context_len, const A
 
 namespace {
 
-// A decode's parameters for version v (attention_version_for's answer): `fused` null for the plain decode.
+// A decode's parameters for version v (attention_version_for's answer, or 10 for the merge in o_proj):
+// `fused` null for the plain decode.
 AttentionParams decode_params(int v, bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride,
                               const bf16* k_cache, const bf16* v_cache, const int32_t* context_lens,
                               const int32_t* block_tables, int block_table_width, int num_seqs, int max_context_len,

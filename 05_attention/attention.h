@@ -86,7 +86,8 @@ constexpr int kDefaultDecodeVersion = 11;  // v11_cluster_combine
 // then v0_naive when the kernel cannot take the shape (v1-v12 are instantiated for head_dim 64 and 128
 // only, their decode kernels for GQA groups of at most 8 query heads, and v9-v11 for block sizes that are
 // multiples of 16). Throws Error for a number that is not in the table, for head_dim outside 1..256 (v0's
-// limit), and for heads that do not form groups (num_heads a multiple of num_kv_heads >= 1).
+// limit), for heads that do not form groups (num_heads a multiple of num_kv_heads >= 1), and for a
+// block_size below 1.
 int attention_version_for(AttentionPhase phase, int requested, const AttentionShape& shape);
 
 }  // namespace nanovllm
@@ -105,7 +106,8 @@ void store_kvcache_cuda(bf16* k_cache, bf16* v_cache, const bf16* k, const bf16*
 
 // Prefill: as prefill_attention_cpu. max_seqlen_q bounds the launch size. `version`: see
 // attention_version_for (kAttentionVersionDefault: the fastest). From v1 on, q and out rows must be
-// 16-byte aligned (pointers, and strides multiples of 8): the kernels load 16 bytes at a time.
+// 16-byte aligned (pointers, and strides multiples of 8; Error otherwise): v1 loads and stores 16 bytes at
+// a time, and v5 and v12 (4 bytes at a time) are held to the same rule.
 void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_t q_stride, const bf16* k_cache,
                             const bf16* v_cache, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                             const int32_t* block_tables, int block_table_width, int num_seqs, int max_seqlen_q,
@@ -116,8 +118,10 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
 // sum, unnormalised output) are merged by a second kernel. max_context_len bounds the number of
 // partitions launched (under a CUDA graph it is max_model_len; blocks past a sequence's context return
 // at once). v10 cuts every context into decode_splits(...) partitions instead, a number set by the batch
-// alone; with 1 split there is no second kernel. v11 takes at most kMaxClusterSplits of them (8 where the GPU
-// holds no cluster of 16), a thread-block cluster that merges its splits itself (no second kernel either). `scratch` needs
+// alone; with 1 split there is no second kernel. v11 cuts each context into cluster_decode_splits(...)
+// partitions, at most kMaxClusterSplits (8 where the GPU holds no cluster of 16), a thread-block cluster that
+// merges its splits itself (no second kernel either; where the GPU has no clusters, v10's splits and combine).
+// q and out rows aligned as prefill_attention_cuda's from v1 on. `scratch` needs
 // decode_attention_scratch_bytes(...) bytes, enough for every version. v9-v11 are launched overlapped and
 // read context_lens, block_tables and the K/V of every key but each sequence's newest before they wait for
 // the previous kernel (cuda_utils.h): that kernel may write the newest key (qk_norm_rope_store_cuda does),
@@ -146,7 +150,7 @@ int tensor_core_decode_max_cluster();
 // Decode with chapter 04's qk_norm_rope_store done inside the attention kernel: one launch per layer
 // instead of two. qkv (num_seqs, qkv_stride) holds each sequence's new token as the projection left it
 // (q, k raw; then v); the kernel norms and rotates q for itself and writes the new token's K (normed,
-// rotated) and V to slot_mapping[b] before any block reads the cache; out as decode_attention_cuda. The
+// rotated) and V to slot_mapping[b] before any block reads that slot; out as decode_attention_cuda. The
 // result equals qk_norm_rope_store_cuda then decode_attention_cuda bit for bit on out and on the cache
 // (qkv itself is left raw). v9, v10 and v11 only (decode_attention_fuses_qk_norm_rope; the default is v11).
 // Like decode_attention_cuda it reads its step inputs (here positions and slot_mapping too) and the older

@@ -348,7 +348,7 @@ TEST(Ch05_AttentionCuda, ClusterCombineGivesTheCombineKernelsBits) {
     if (decode_splits(B, s) > tensor_core_decode_max_cluster()) continue;
     std::vector<int> context(static_cast<size_t>(B));
     for (int& c : context) c = 1 + int(rng() % 1500);
-    if (B > 1) context[0] = 20;  // 2 tiles: most of its splits are empty
+    if (B > 1) context[0] = 20;  // 2 tiles: only 2 of its splits hold keys, the rest are empty
     if (B > 2) context[1] = 0;
     Problem p = make_problem(s, context, rng);
     const int out_dim = s.num_heads * s.head_dim, q_stride = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;

@@ -23,8 +23,8 @@
 namespace nanovllm {
 
 void launch_v10_split_by_batch(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
-  // p.splits and p.max_partitions (equal) were set from decode_splits by attention.cu's decode(), which
-  // decode_attention_cuda and decode_attention_fused_cuda both call.
+  // p.splits and p.max_partitions (equal) were set from decode_splits by attention.cu's decode_params, through
+  // decode(), which decode_attention_cuda and decode_attention_fused_cuda both call.
   launch_tensor_core_decode_kernel(p, dims.num_seqs, stream);
   if (p.splits > 1) launch_decode_combine(p, dims.num_seqs, stream);
 }

@@ -27,8 +27,8 @@
 namespace nanovllm {
 
 void launch_v11_cluster_combine(const AttentionParams& p, const LaunchDims& dims, cudaStream_t stream) {
-  // p.splits and p.max_partitions (equal) were set by attention.cu's decode() (for decode_attention_cuda and
-  // decode_attention_fused_cuda): cluster_decode_splits, at most
+  // p.splits and p.max_partitions (equal) were set by attention.cu's decode_params, through decode() (for
+  // decode_attention_cuda and decode_attention_fused_cuda): cluster_decode_splits, at most
   // tensor_core_decode_max_cluster(), where the GPU holds clusters; else v10's decode_splits, merged by the
   // combine kernel below.
   const bool cluster = p.splits > 1 && tensor_core_decode_clusters_available();

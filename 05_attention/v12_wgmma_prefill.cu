@@ -375,7 +375,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) attention_v12_wgmma_pr
     wgmma_fence();     // q_frag, and O (rescaled below in the previous tile), were written by this thread
     issue_scores<HEAD_DIM>(S, q_frag, sK + buf);
     wgmma_commit();
-    wgmma_wait<0>();  // the softmax needs every score of the tile: nothing to overlap with (v13 tried, NOTES.md)
+    wgmma_wait<0>();  // the softmax needs every score of the tile: nothing to overlap with (a v13 that overlapped
+                      // the next tile's scores was tried and taken out: NOTES.md, "v12: prefill on wgmma")
     fence_accumulators(S);
 
     float alpha[2];

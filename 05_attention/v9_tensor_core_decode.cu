@@ -22,10 +22,12 @@
 //           start-up run together, and so do this kernel's tail and the next kernel's start. Before its
 //           wait a block already reads its context length (fused, with the new key's slot and position, all
 //           three loaded before any is used) and block table and has its first tiles' copies in flight (all
-//           but the newest key's, which the previous kernel writes), and, fused, its norm and RoPE factors.
+//           but the newest key's, which the previous kernel writes, or, fused, this one after its wait), and,
+//           fused, its norm and RoPE factors.
 //           It lets the next kernel (o_proj, or v9's combine) launch only after its tile loop, not after
 //           its wait: o_proj's blocks load their weights as they start (04_model_runner/NOTES.md, section 4,
-//           "When the next kernel may start").
+//           "When the next kernel may start"). The exception is p.next_at_wait (o_proj's merge at one
+//           sequence, decode_attention_o_proj_cuda): let in right after the wait.
 //           Grid (max_partitions, num_kv_heads, num_seqs), 128 threads, dynamic shared memory kStages x 4
 //           warps x (K, V) x 16 keys x head_dim bf16 (96 KB at head_dim 128: 2 blocks per SM; v11 adds
 //           its merge's slots, kSliceSlotFloats, 5.25 KB); then v2's combine kernel. Head dims 64 and 128,
