@@ -181,8 +181,9 @@ struct AllReduceArgs {
   int64_t n_vec;             // 8-element vectors: n / 8, or 0 when an x[r] is not 16-byte aligned
 };
 
-// Grid: blocks(n) <= kMaxBlocks blocks of kThreads, the same on every rank. Every x[rank] becomes the
-// rank-ordered fp32 sum of all x[r], rounded once to bf16.
+// Grid: ceil(n / 8 / kThreads) blocks of kThreads, at least 1 and at most max_blocks_ (<= kMaxBlocks), from n
+// alone, so the same on every rank. Every x[rank] becomes the rank-ordered fp32 sum of all x[r], rounded once
+// to bf16.
 __global__ void __launch_bounds__(kThreads) all_reduce_kernel(Flags f, AllReduceArgs a) {
   const uint32_t epoch = next_epoch(f.counters);
   block_barrier(f, kStart, epoch, "all_reduce");  // every rank's x is written

@@ -44,8 +44,8 @@ void CpuCommunicator::all_reduce(int rank, float* x, int64_t n) {
   }
   barrier_.wait();  // every rank has read every x: now each may overwrite its own
   std::copy(sum.begin(), sum.end(), x);
-  // The next collective's first barrier keeps a fast rank from publishing again before a slow one has
-  // copied: nobody passes it until everybody has arrived.
+  // The next collective's first barrier keeps a fast rank from reading a slow one's buffer before the slow
+  // one has copied its sum into it and published its next one: nobody passes it until everybody has arrived.
 }
 
 void CpuCommunicator::gather(int rank, const float* shard, int rows, int shard_cols, float* out, int out_cols) {

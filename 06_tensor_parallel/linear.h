@@ -37,8 +37,8 @@ inline int64_t divide(int64_t total, int tp_size, const char* what) {
   return total / tp_size;
 }
 
-// Rows [rank * rows/tp, (rank+1) * rows/tp) of a (rows, cols) matrix: column-parallel linear layers,
-// vocab-parallel embedding and LM head.
+// Rows [rank * rows/tp, (rank+1) * rows/tp) of a (rows, cols) matrix: column-parallel linear layers (the
+// vocab-parallel embedding and LM head, whose vocabulary may not divide, take shard_rows_padded below).
 template <class T>
 std::vector<T> shard_rows(const std::vector<T>& w, int64_t rows, int64_t cols, int rank, int tp_size) {
   int64_t part = divide(rows, tp_size, "rows");
@@ -205,7 +205,8 @@ void linear_gemv_silu_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_
 // where cuBLAS's large tiles leave most SMs idle. splits blocks per output tile each add up a range of
 // in_features into an fp32 partial in `workspace` (splits * n * out_features floats), and a second kernel
 // adds the partials in split order. linear_split_k_splits: the split count it uses for a shape (enough
-// blocks for two per SM, each split at least 128 in_features deep, the partials within workspace_bytes).
+// blocks for two per SM of a 132-SM GPU, at most 16 splits and at most in_features / 128: at least 128
+// in_features deep on average, the last maybe less; the partials within workspace_bytes).
 // Needs in_features % 8 == 0 and 16-byte aligned x and W (linear_split_k_fits).
 int linear_split_k_splits(int n, int in_features, int out_features, size_t workspace_bytes);
 // The in_features each of `splits` takes: whole 64-deep stages, with splits x depth >= in_features.
@@ -249,15 +250,15 @@ struct LinearWgmmaPlan {
   int k_tiles_per_split = 1;  // stages of 64 in_features per split
 };
 // The plan for a shape on a GPU of `multiprocessors` SMs. Up to kWgmmaFasterRows rows: one warpgroup, 128
-// outputs a block when that still gives 16 tiles (64 otherwise), and the fewest splits (at most 8, each at
-// least two stages of 64 in_features deep) that give a block per SM. Above: ceil(n / 64) warpgroups up to
-// 128 rows (1 at 49-64 rows, 2 at 65-128) and row tiles of one warpgroup beyond (small blocks, two an SM, W reread from L2 rather than a 193 KB
-// block alone on its SM), 64 outputs a block up to 128 rows and 128 beyond, and the fewest splits (at most
-// 6) that give 96 blocks for a projection with at most kWgmmaNarrowOut outputs, 288 for a wider one: what
-// the sweeps of kWgmmaNarrowRows and kWgmmaSiluRows found fastest on the H200's 132 SMs (o_proj and
-// down_proj; gate_up), scaled to the GPU's. Either way the clusters must fit in one wave:
-// clusters_per_wave(plan) says how many clusters of plan.splits blocks of that block shape the GPU holds
-// at once (linear_wgmma_cuda asks the CUDA occupancy calculator).
+// outputs a block when that still gives 16 tiles (64 otherwise), and the fewest splits (at most 8, at least
+// two stages of 64 in_features deep on average: the last may hold fewer) that give a block per SM. Above:
+// ceil(n / 64) warpgroups up to 128 rows (1 at 49-64 rows, 2 at 65-128) and row tiles of one warpgroup beyond
+// (small blocks, two an SM, W reread from L2 rather than a 193 KB block alone on its SM), 64 outputs a block
+// up to 128 rows and 128 beyond, and the fewest splits (at most 6) that give 96 blocks for a projection with
+// at most kWgmmaNarrowOut outputs, 288 for a wider one: what the sweeps of kWgmmaNarrowRows and
+// kWgmmaSiluRows found fastest on the H200's 132 SMs (o_proj and down_proj; gate_up), scaled to the GPU's.
+// Either way the clusters must fit in one wave: clusters_per_wave(plan) says how many clusters of plan.splits
+// blocks of that block shape the GPU holds at once (linear_wgmma_cuda asks the CUDA occupancy calculator).
 LinearWgmmaPlan linear_wgmma_plan(int n, int in_features, int out_features, int multiprocessors,
                                   const std::function<int(const LinearWgmmaPlan&)>& clusters_per_wave);
 bool linear_wgmma_available();
@@ -368,6 +369,8 @@ struct LinearPrefetchPlan {
 LinearPrefetchPlan linear_prefetch_plan(int n, int in_features, int out_features, int num_sms);
 // A GPU of compute capability 9.0 or later running code built for it (the bulk copy is sm_90).
 bool linear_prefetch_available();
+// Whether linear_prefetch_cuda takes these operands: a GPU with v7, 1 to kPrefetchMaxRows rows, in_features
+// % 8 == 0, 16-byte aligned x and W, and a plan (a weight row and x within 226 KB of shared memory).
 bool linear_prefetch_fits(const bf16* x, const bf16* W, int n, int in_features, int out_features);
 void linear_prefetch_cuda(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features,
                           const LinearFusion& fusion, cudaStream_t stream);

@@ -101,7 +101,9 @@ __device__ void load_input(bf16* x_s, const bf16* x, const bf16* norm_weight, fl
 #endif  // the host pass or sm_90 and later
 
 // Grid: plan.blocks of plan.warps warps. Warp w of block b computes outputs [row0, row0 + rows) with
-// row0 = (b * warps + w) * rows_per_warp, for the n <= MAX_N rows of x.
+// row0 = (b * warps + w) * rows_per_warp, for the n <= MAX_N rows of x. y (n, out) bf16 (ADD: added to);
+// x (n, in) bf16, (n, 2 in) with SiluAndMul; W (out, in) bf16; norm_weight (in,) bf16 (RmsNorm); in % 8 == 0,
+// x and W 16-byte aligned; plan.smem_bytes of dynamic shared memory.
 template <int MAX_N, LinearInput INPUT, bool ADD>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     linear_prefetch_kernel(bf16* y, const bf16* x, const bf16* W, const bf16* norm_weight, float eps, int n, int in,
