@@ -11,10 +11,10 @@
 
 namespace nanovllm::test {
 
-// (world, n) bf16 bits. Per element, one magnitude M in [2^-8, 2^9); each rank holds +M or -M (half of
-// them) or a small value 2^-9 M .. 2^-30 M. The Ms cancel exactly, and a small value added while an M
-// was in the fp32 accumulator lost its low bits (or all of them): which ones depends on the order. No
-// NaN, no infinity, no overflow.
+// (world, n) bf16 bits. Per element, one magnitude M in [2^-8, 2^9); each rank holds +M or -M (one chance in
+// two, either sign at random) or a small value 2^-9 M .. 2^-30 M. The Ms add up exactly (to a multiple of M),
+// and a small value added while an M was in the fp32 accumulator lost its low bits (or all of them):
+// which ones depends on the order. No NaN, no infinity, no overflow.
 inline std::vector<std::vector<uint16_t>> reduce_inputs(int world, int64_t n, Rng& rng) {
   std::vector<std::vector<uint16_t>> x(size_t(world), std::vector<uint16_t>(size_t(n), 0));
   for (int64_t i = 0; i < n; i++) {

@@ -164,8 +164,8 @@ TEST(Ch06_LinearCuda, GemvMatchesCpuUpTo16Rows) {  // v2
   };
   // Qwen3-0.6B's qkv, o_proj and down_proj (the last two split over 2 and 3 warps); rows of 96 and 200 bf16
   // (12 and 25 chunks: lanes idle); 290 outputs (the last block's last warps have none), 33 and 20,011 (the
-  // last warp's second row is past the end); a wide one like the LM head; 513 chunks over 4 splits of two
-  // rounds, the last split's second round one chunk.
+  // last warp's second row is past the end); a wide one like the LM head; 513 chunks over 4 splits: three
+  // of 129 (two rounds, the second one chunk) and the last of 126 (one round).
   for (int n : {1, 2, 3, 8, 16})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 96, 290},
                     Shape{n, 200, 33}, Shape{n, 1024, 20011}, Shape{n, 4104, 35}})
@@ -221,9 +221,9 @@ TEST(Ch06_LinearCuda, GemvMmaMatchesCpuUpTo16Rows) {  // v5
     linear_gemv_mma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
   // One and two x tiles (n <= 8, n <= 16), ragged n; Qwen3-0.6B's four projections (8, 16 and 24 warps a
-  // block, each one round); in_features not a multiple of 32 (96: a half round of one warp; 200: 25
-  // chunks); 290 and 33 outputs (the last group of 16 is partial); a wide one like the LM head; 4,104
-  // in_features, more than 24 warps take in one round (some warps loop twice).
+  // block, each one round); in_features short of a round (96: three of one warp's four 32-wide blocks; 200:
+  // 25 chunks, not a multiple of 32); 290 and 33 outputs (the last group of 16 is partial); a wide one like
+  // the LM head; 4,104 in_features, more than 24 warps take in one round (every warp loops twice).
   for (int n : {1, 2, 3, 8, 9, 16})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 3072, 1024}, Shape{n, 96, 290},
                     Shape{n, 200, 33}, Shape{n, 1024, 20011}, Shape{n, 4104, 35}})
@@ -246,8 +246,8 @@ TEST(Ch06_LinearCuda, WgmmaPlansTallTilesAndClusterSplits) {  // host logic only
     EXPECT_EQ(p.splits, splits) << n << "x" << in << "->" << out;
     EXPECT_EQ(p.k_tiles_per_split, k_tiles_per_split) << n << "x" << in << "->" << out;
   };
-  expect_plan(16, 1024, 4096, 1, 128, 4, 4);  // qkv: 32 tiles of 128; ceil(132 / 32) = 5 splits of 16 stages
-                                              // is 4 deep, so 4 splits do
+  expect_plan(16, 1024, 4096, 1, 128, 4, 4);  // qkv: 32 tiles of 128; 5 splits would not fit one wave (26
+                                              // clusters), 4 give 128 blocks of 4 stages
   expect_plan(16, 2048, 1024, 1, 64, 8, 4);   // o_proj: 8 tiles of 128 are too few, 16 of 64; 8 splits at most
   // Above 48 rows: 2 warpgroups up to 128 rows, then row tiles of one; 96 blocks (288 for more than 2,048
   // outputs), at most 6 splits.
@@ -275,7 +275,7 @@ TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6
   const Project v6 = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
     linear_wgmma_cuda(y, fp32, x, W, s.n, s.in, s.out, ctx.stream);
   };
-  // 1, 2 and 4 warpgroups, ragged rows and two row tiles (300); Qwen3-0.6B's four projections (64 or 128
+  // 1 and 2 warpgroups, ragged rows and 3 to 5 row tiles (129-300); Qwen3-0.6B's four projections (64 or 128
   // outputs a block, split over a cluster or not); in_features of one and a half stages (96) and of 25
   // chunks (200, split in 2 with 33 outputs: ragged columns in the cluster's sum); a wide one like the LM
   // head.
@@ -291,7 +291,7 @@ TEST(Ch06_LinearCuda, WgmmaMatchesCpu) {  // v6
 // v6 with its split-K sum left to the norm after it (linear version 8): each split's fp32 product in its own
 // slice, (splits, n, out), nothing past them; their sum in split order (from +0.0f, from -0.0f for one split),
 // rounded to bf16, is v6's own bf16 output bit for bit. The narrow projections of Qwen3-0.6B (o_proj,
-// down_proj) over v6's rows, split over 2-8 blocks, and ragged shapes of one split.
+// down_proj) over v6's rows, split over 2-8 blocks, and ragged shapes (200 -> 33 in 2 splits, 96 -> 290 in one).
 TEST(Ch06_LinearCuda, WgmmaPartialsAddUpToItsProduct) {
   SKIP_WITHOUT_GPU();
   if (!linear_wgmma_available()) GTEST_SKIP() << "v6 needs compute capability 9.0 and code built for sm_90a";
@@ -599,8 +599,8 @@ TEST(Ch06_LinearCuda, PrefetchMatchesCpuWithItsFusions) {  // v7
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const float eps = 1e-6f;
-  // Qwen3-0.6B's four projections; ragged ones (fewer rows than SMs; a last warp with fewer rows; 3 warps
-  // a block).
+  // Qwen3-0.6B's four projections; ragged ones (fewer rows than SMs; a last block whose last warps have no
+  // row; 3 warps a block).
   for (int n : {1, 2, 3, 4})
     for (Shape s : {Shape{n, 1024, 4096}, Shape{n, 2048, 1024}, Shape{n, 1024, 6144}, Shape{n, 3072, 1024},
                     Shape{n, 96, 50}, Shape{n, 200, 1003}, Shape{n, 4096, 300}})
@@ -696,7 +696,8 @@ TEST(Ch06_LinearCuda, EveryVersionThroughCudaLinear) {
     const Project run = [&](void* y, bool fp32, const bf16* x, const bf16* W, Shape s) {
       linear.run(y, fp32, x, W, s.n, s.in, s.out);
     };
-    for (int n : {1, 5, 16, 17, 64, 600})  // v2's range, v3's, and above kTunedMaxRows (v1 always)
+    // v2's row; then v1, v3, v4, v5 or v6 by version; above kTunedMaxRows, v3's bucket from version 2 on
+    for (int n : {1, 5, 16, 17, 64, 600})
       expect_matches_cpu(run, Shape{n, 1024, 1536}, rng, "version " + std::to_string(version));
   }
   // A version that does not exist is refused when the backend is built, not at the first projection.
