@@ -6,8 +6,8 @@
 //   counted(n, w)   "1 token", "2 tokens": a count and its word, in messages
 //   data_dir()      build/data, where `make` unpacks the shipped tokenizer
 //
-// Beside it in base/: json.h, files.h, bf16.h, cuda_utils.h. They live in chapter 01 because every chapter
-// builds on them; they hold no engine logic.
+// Beside it in base/: json.h, files.h, log.h, utf8.h, bf16.h, cuda_utils.h, ptx.cuh. They live in chapter 01
+// because every chapter builds on them; they hold no engine logic.
 #pragma once
 
 #include <cstdint>

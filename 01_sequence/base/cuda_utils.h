@@ -205,7 +205,8 @@ inline int start_successors_early(cudaGraph_t graph) {
 // previous kernel on the stream has completed and its writes are visible; nothing the previous kernel
 // writes may be touched before it. allow_next_kernel: this block no longer holds the next kernel back
 // (the next kernel's blocks may then take free SM slots and wait there). Most kernels call it right after
-// their wait; decode attention after its tile loop, so that o_proj's blocks do not compete with it; the
+// their wait; decode attention after its tile loop, so that o_proj's blocks do not compete with it (but
+// right after its wait at one sequence, where o_proj's merge comes next: AttentionParams::next_at_wait); the
 // norms, and at one decode row gate_up's GEMV and o_proj's merge, before their wait (below).
 //
 // What a kernel may read before its wait: anything not written by the kernel just before it. A kernel

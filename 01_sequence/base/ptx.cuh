@@ -1,8 +1,8 @@
 // ptx.cuh: the inline-PTX instructions of the tensor-core kernels (05_attention's v5 and v9,
 // 06_tensor_parallel's linear_split_k.cu and linear_gemv_mma.cu) and of 05_attention's v6 and
 // 04_model_runner/layers.cu's cp.async copies, one wrapper each (PTX ISA sections: cp.async, ldmatrix, mma.sync
-// m16n8k16, and createpolicy for v9's L2 hint), the copy engine's barriers and bulk copy of
-// 06_tensor_parallel's sm_90 kernels, what the warpgroup MMA (wgmma) kernels of both chapters share
+// m16n8k16, and createpolicy for the L2 hints of v9 and linear_wgmma.cu), the copy engine's barriers and bulk
+// copy of 06_tensor_parallel's sm_90 kernels, what the warpgroup MMA (wgmma) kernels of both chapters share
 // (05_attention's v12, 06_tensor_parallel's linear_wgmma.cu), and the remote stores into a cluster peer's
 // shared memory of 05_attention's v11.
 // Chapter 05 introduces them; 05_attention/v5_tensor_core_prefill.cu's header comment gives the fragment
@@ -76,7 +76,8 @@ __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// The copy engine's barriers (sm_90: 06_tensor_parallel's linear_wgmma.cu and linear_prefetch.cu). An
+// The copy engine's barriers (sm_90: 06_tensor_parallel's linear_wgmma.cu and linear_prefetch.cu, and the
+// remote stores of 05_attention's v11 merge in v9_tensor_core_decode.cu). An
 // mbarrier is 8 bytes of shared memory that counts arrivals and bytes: a copy issued "complete_tx" on it
 // adds the bytes it delivered, and the barrier's phase completes when the expected arrivals and bytes are
 // all in. Threads wait on the phase's parity. Initialised here with one arrival: the phase completes when
@@ -114,7 +115,8 @@ __device__ inline void mbarrier_wait(uint32_t barrier, int parity) {
 // shared window, of the variable at shared address `local` in block `rank` of the cluster (every block's
 // shared variables lie at the same offsets). store_to_cluster: one remote store into that window, which
 // counts its bytes on the receiving block's mbarrier (`remote_barrier`, also a cluster address) when it
-// lands; the sender does not wait for it. v4: 16 bytes, to a 16-byte aligned address.
+// lands; the sender does not wait for it. The four-float form (st.async .v4): 16 bytes, to a 16-byte aligned
+// address.
 __device__ inline uint32_t cluster_address(uint32_t local, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));

@@ -20,8 +20,8 @@ struct UsageError : Error {
   using Error::Error;
 };
 
-// Flags of one subcommand: `--name value` for value flags (once each, but kRepeatableFlags any number of
-// times), `--name` alone for switches. Anything else is a UsageError naming the offending argument.
+// Flags of one subcommand: `--name value` or `--name=value` for value flags (once each, but kRepeatableFlags any
+// number of times), `--name` alone for switches. Anything else is a UsageError naming the offending argument.
 // The value flags that may be given more than once, each time adding to a list; any other value flag given
 // twice is a UsageError.
 const std::vector<std::string> kRepeatableFlags = {"prompt", "prompt-ids", "requests", "file"};
@@ -104,7 +104,7 @@ std::string collectives_from(const Flags& flags);
 
 // After the engine is built: where the model runner cut --max-model-len to the model's positions (as nano-vllm's
 // Config does), a note says so. `engine_max_model_len` is the runner's; a command may have set its own length
-// (logits one more than the flag, bench-step the context's), so only the flag's value is compared.
+// (logits one more than the flag, bench 4096 where the flag is left out), so only the flag's value is compared.
 void note_a_cut_max_model_len(const Flags& flags, int engine_max_model_len);
 
 // The subcommands, one file each in 01_sequence/cli/; main() dispatches.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gen_unicode_tables.py: writes 01_sequence/unicode_tables.{h,cpp} from the Unicode Character Database.
+"""gen_unicode_tables.py: writes 01_sequence/tokenizer/unicode_tables.{h,cpp} from the Unicode Character Database.
 
 The tokenizer needs a few Unicode properties and nothing else:
   - general category L (letters) and N (numbers), and the White_Space property, for the pre-tokenizer's

@@ -1,6 +1,6 @@
-// tokenizer.cpp: Qwen3's tokenizer, stage by stage in the order of tokenizer.h's overview:
-//   byte map and lossy UTF-8 -> pre-tokenizer -> loading tokenizer.json -> encode (added tokens, NFC,
-//   pieces, BPE) -> decode and streaming decode.
+// tokenizer.cpp: Qwen3's tokenizer (tokenizer.h's overview gives encode's stages in their order). This file
+// goes: byte map and lossy UTF-8 -> pre-tokenizer -> loading tokenizer.json -> encode (added tokens, NFC,
+// pieces, BPE) -> decode and streaming decode.
 #include "01_sequence/tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -612,7 +612,7 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ids) 
     bpe(piece, ids);
     return;
   }
-  std::string key(piece);  // short: fits the string's inline buffer, no allocation
+  std::string key(piece);  // most pieces are under 16 bytes: the string's inline buffer, no allocation
   {
     std::lock_guard<std::mutex> lock(cache_->mutex);
     auto it = cache_->ids.find(key);

@@ -1,8 +1,8 @@
 // tokenizer.h: Qwen3's byte-level BPE tokenizer, read from the tokenizer.json that Hugging Face ships.
 //
 // encode(text), stage by stage (the same stages, in the same order, as Hugging Face `tokenizers`):
-//   1. added tokens    "<|im_start|>", "<think>", ... are cut out of the raw text first (longest match)
-//                      and become their ids directly; only the text between them goes on;
+//   1. added tokens    "<|im_start|>", "<think>", ... are cut out of the raw text first (leftmost, then
+//                      longest match) and become their ids directly; only the text between them goes on;
 //   2. normalizer      NFC (unicode.h);
 //   3. pre-tokenizer   a hand-written matcher for Qwen's split regex cuts the text into pieces
 //                      ("Hello", ",", " world", "\n\n", ...): BPE never merges across two pieces;
