@@ -27,10 +27,14 @@ void Barrier::abort() {
   all_arrived_.notify_all();
 }
 
-CpuCommunicator::CpuCommunicator(int world_size)
-    : world_size_(world_size), barrier_(world_size), published_(size_t(world_size), nullptr) {
+// Checked before the members are built from it: a negative count would size published_ past max_size().
+static int at_least_one_rank(int world_size) {
   if (world_size < 1) fail("a communicator needs at least one rank, got ", world_size);
+  return world_size;
 }
+
+CpuCommunicator::CpuCommunicator(int world_size)
+    : world_size_(at_least_one_rank(world_size)), barrier_(world_size_), published_(size_t(world_size_), nullptr) {}
 
 void CpuCommunicator::all_reduce(int rank, float* x, int64_t n) {
   if (world_size_ == 1) return;

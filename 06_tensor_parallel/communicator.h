@@ -33,6 +33,7 @@ class Barrier {
 
 class CpuCommunicator {
  public:
+  // world_size ranks (at least 1, else Error), each calling every collective from its own thread.
   explicit CpuCommunicator(int world_size);
 
   // x (n,) of every rank becomes the elementwise sum over ranks, added in rank order 0, 1, ..., N-1, so

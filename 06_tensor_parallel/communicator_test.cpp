@@ -115,9 +115,11 @@ TEST(Ch06_Communicator, GatherSkipsARankWhoseShardIsAllPadding) {
   expect_gather_puts_shards_side_by_side(/*world=*/4, /*rows=*/3, /*shard_cols=*/2, /*out_cols=*/5);
 }
 
-// A communicator of no ranks is refused: its barrier would wait for a count of 0 that no arrival ever reaches.
+// A communicator of no ranks is refused: its barrier would wait for a count of 0 that no arrival ever reaches; a
+// negative count gets the same error, not the vector's length_error.
 TEST(Ch06_Communicator, AWorldOfNoRanksIsRefused) {
   EXPECT_EQ(test::error_of([] { CpuCommunicator comm(0); }), "a communicator needs at least one rank, got 0");
+  EXPECT_EQ(test::error_of([] { CpuCommunicator comm(-1); }), "a communicator needs at least one rank, got -1");
 }
 
 // abort() makes every wait, now and later, throw (communicator.h). One thread waits twice on a barrier of two after

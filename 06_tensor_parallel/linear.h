@@ -127,7 +127,8 @@ TensorParallelLayout tensor_parallel_layout(int num_heads, int num_kv_heads, int
 //                        than kTunedWideOut (the LM head) and above kTunedMaxRows (prefill), where it is
 //                        made once per power-of-two bucket of n (CublasLtLinear)
 //   --linear-version 3   as 2, and v3 for every projection with kGemvFasterRows < n <= kTunedMaxRows
-//   --linear-version 4   as 2, and v4 instead of v3 (measured: faster than cuBLAS at n = 2 only)
+//   --linear-version 4   as 2, and v4 for every projection with kGemvFasterRows < n <= kTunedMaxRows (in v1's
+//                        place, and v3's for the LM head; measured: faster than cuBLAS at n = 2 only)
 //   --linear-version 5   as 2, and v5 for kGemvFasterRows < n <= kGemvMmaFasterRows
 //   --linear-version 6   as 5, and v6 for kGemvMmaFasterRows < n <= kWgmmaFasterRows (kWgmmaNarrowRows
 //                        for a projection with at most kWgmmaNarrowOut outputs) where it runs

@@ -78,8 +78,8 @@ ChoiceTable& choice_table() {
 }
 
 // The row count of n's choice: up to kTunedMaxRows, n rounded up to a multiple of 16 (the CUDA graph batch
-// sizes above 16 are multiples of 16); above, the power of two at or above n (one choice serves every
-// prompt length of the bucket).
+// sizes above 16 are multiples of 16, but for max_num_seqs, the last, which takes the choice of the multiple
+// above it); above, the power of two at or above n (one choice serves every prompt length of the bucket).
 int chosen_rows(int n) {
   if (n <= kTunedMaxRows) return (n + 15) / 16 * 16;
   int rows = kTunedMaxRows;

@@ -19,7 +19,7 @@
 //                      y (the residual stream) in fp32 and rounded: add_rmsnorm's add, done where the
 //                      product is made, one thread per element
 // so that a layer at batch 1 is qkv (RmsNorm), attention, o_proj (add), gate_up (RmsNorm), down_proj
-// (SiluAndMul, add): no small kernel between two projections (Qwen3Model::forward_hidden).
+// (SiluAndMul, add): no small kernel between two projections (Qwen3Model::forward_fused_around_linear).
 //
 // Inside a block (up to 8 warps, plan.warps, `rows_per_warp` weight rows each, consecutive: the warp's rows are one
 // contiguous range of W, one copy):
