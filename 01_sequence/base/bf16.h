@@ -71,10 +71,12 @@ __device__ inline void unpack_bf16x8(const Bf16x8& v, float out[8]) {
   }
 }
 
+// p: 8 values starting on a 16-byte boundary (one vector access; a misaligned p is a fault, not a slow load).
 __device__ inline void load_bf16x8(const bf16* p, float out[8]) {
   unpack_bf16x8(*reinterpret_cast<const Bf16x8*>(p), out);
 }
 
+// p: 8 values starting on a 16-byte boundary, as for load_bf16x8; in rounded to bf16 (nearest even).
 __device__ inline void store_bf16x8(bf16* p, const float in[8]) {
   Bf16x8 v;
 #pragma unroll

@@ -67,8 +67,8 @@ const std::vector<Command>& commands() {
        "bench (--model DIR | --random PRESET) [--device cuda] [--num-seqs 256] [--max-input-len 1024] "
        "[--max-output-len 1024] [--profile] [more: --help]   nano-vllm's bench.py workload",
        "--random PRESET: random weights of a real model's shape (tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b),\n"
-       "written to build/data/random-PRESET on first use. --profile: every operation timed one by one, without CUDA\n"
-       "graphs, and a table of their kernel time over the run.\n"},
+       "written to the data folder (build/data, or $NANOVLLM_DATA_DIR) as random-PRESET on first use. --profile: every\n"
+       "operation timed one by one, without CUDA graphs, and a table of their kernel time over the run.\n"},
       {"bench-step", nanovllm::cmd_bench_step,
        {"model", "random", "device", "batch", "context", "iters", "block-size", "gpu-memory-utilization",
         "cpu-memory-mib", "attention-version", "linear-version", "tensor-parallel-size", "collectives"},

@@ -21,7 +21,7 @@ them in /usr/share/unicode/. The output is committed; the build never runs this 
     python3 01_sequence/tokenizer/gen_unicode_tables.py [UCD_DIR]      # from the repository root
 
 Every table is a sorted list of inclusive code point ranges (or of entries keyed by code point), so that
-the C++ side can binary-search it and the generated file stays small (a few hundred lines).
+the C++ side can binary-search it and the generated file stays small (under a thousand lines).
 """
 import os
 import re
