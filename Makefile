@@ -54,7 +54,8 @@ endif
 # Chapters. The reading order (01 -> 07) follows one request through the engine, top down; the build
 # order is bottom up. deps_NN lists, in full, the chapters whose code chapter NN calls. Calls flow along
 # the reading order: the entry (01) calls everything, the scheduler (02) the block manager (03), the
-# model runner (04) attention (05), the linears (06) and the sampler (07).
+# model runner (04) attention (05), the linears (06) and the sampler (07), and the linears (06) the sampler
+# (07): the LM head can sample in its own kernel.
 #
 # The folders say what is what:
 #   01_sequence/base/      the floor every chapter builds on (errors, JSON, files, bf16, CUDA checks)
@@ -110,7 +111,7 @@ endif
 # ---------------------------------------------------------------------------------------------------
 # Targets
 
-## all: build build/nanovllm (and say whether CUDA is in it)
+## all: build build/nanovllm and unpack its default tokenizer (Qwen3's) into build/data/; say whether CUDA is in it
 all: $(BUILD)/nanovllm $(DATA)
 	@if [ -n "$(WITH_CUDA)" ]; then echo "built $(BUILD)/nanovllm with CUDA ($(NVCC), sm $(CUDA_ARCH))"; \
 	 else echo "built $(BUILD)/nanovllm for the CPU only ($(NO_CUDA_REASON))"; fi

@@ -26,7 +26,7 @@
 # Builds everything again where the sources differ from those the build folder was last built from
 # (build_stamp.sh: a warm device machine keeps the objects of its call before).
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,27p' "$0"; exit 2; }
 batches=${AB_BATCHES:-1 16 64 256}
 rounds=${AB_ROUNDS:-2}
 step_args=${AB_STEP:---random qwen3-0.6b}

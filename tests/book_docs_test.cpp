@@ -3,7 +3,9 @@
 //   - a path it names (a link, or a `path` in backticks that starts with one of our folders or is a
 //     source file) exists;
 //   - a C++ name it gives as `Class::member` exists in the sources;
-//   - a nano-vllm line reference (`l.17-35`, `llm.py:4`) is well formed;
+//   - a nano-vllm line reference (`l.17-35`) is well formed: 1 <= first <= last <= 2000;
+//   - a Makefile line it quotes (`deps_02 := 03`) is the Makefile's;
+//   - it holds no merge conflict markers;
 //   - it quotes no test count ("42 tests" goes stale with the next test);
 //   - every ```check block (indented in a list item or not) runs: lines starting with "$ " are shell
 //     commands (run from the repository root, in one shell, with build/ standing for the build folder
@@ -180,7 +182,7 @@ std::vector<std::string> check_references(const std::string& md) {
     }
   }
 
-  // nano-vllm line references: l.N or l.N-M with 1 <= N <= M, and file.py:N.
+  // nano-vllm line references: l.N or l.N-M with 1 <= N <= M <= 2000 (a `file.py:N` is not checked).
   const std::regex line_ref(R"(\bl\.(\d+)(?:-(\d+))?)");
   for (std::sregex_iterator it(text.begin(), text.end(), line_ref), end; it != end; ++it) {
     const long a = std::stol((*it)[1].str());

@@ -28,7 +28,7 @@ namespace {
 
 const std::string kRoot = NANOVLLM_SOURCE_DIR;
 
-// Every source file under `dir` (relative to the repository root), skipping build folders and tests.
+// Every source file under `dir` (relative to the repository root), tests (*_test.cpp, *_test.cu) left out.
 void list_sources(const std::string& dir, std::vector<std::string>& out) {
   DIR* d = opendir((kRoot + "/" + dir).c_str());
   if (!d) return;

@@ -264,8 +264,9 @@ __global__ void fill_ones(__nv_bfloat16* W, size_t n, float* x, uint64_t* fx, in
   }
 }
 
-// Times the four chains of `phases` phases on `blocks` blocks (RW weight rows per warp, S stages ahead
-// for the deep kernel) and prints each one's time per phase and the bandwidth its weights streamed at.
+// Times every chain above, of `phases` phases on `blocks` blocks (RW weight rows per warp, S stages ahead
+// for the deep kernel), prints each one's time per phase and the bandwidth its weights streamed at, and
+// exits 1 if the PDL graph launching early or a flagged chain ended on another value than the plain chain.
 template <int RW, int S>
 void run(int blocks, int phases) {
   const int rows = blocks * WARPS * RW;  // >= IN needed

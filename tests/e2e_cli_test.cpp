@@ -307,7 +307,7 @@ TEST(E2E_Cli, BenchTokenizerEncodesAtLeast20MegabytesInWholePasses) {
 }
 
 // A workload longer than max_model_len is named by bench's flags before the model loads, not as the scheduler's
-// "request 0" (bench's own warm-up). The 4 requests above are 149 + 111, 193 + 100, 113 + 119 and 148 + 107 tokens
+// "request 0" (bench's own warm-up). The workload's 4 requests are 149 + 111, 193 + 100, 113 + 119 and 148 + 107 tokens
 // (Python's random, as there): the longest needs 293.
 TEST(E2E_Cli, BenchRefusesAWorkloadLongerThanMaxModelLen) {
   const std::string workload = "bench --random tiny --device cpu --num-seqs 4 --max-input-len 200 --max-output-len 120";

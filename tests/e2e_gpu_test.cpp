@@ -336,9 +336,10 @@ bool wgmma_runs(const Backend&, int64_t) {
 TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   // Above 48 rows v6 runs the projections with few outputs (06_tensor_parallel/linear.h, kWgmmaNarrowOut:
   // every projection of the tiny models) up to kWgmmaNarrowRows (192), with the plans for many rows
-  // (linear_wgmma_plan): two warpgroups a block up to 128 rows, row tiles of one above. The golden prompts 7
-  // times over (56 rows a decode step, graph size 64) and 20 times (160 rows: three row tiles), with linear
-  // version 6, whose split-K sum is the cluster's (the default, 8, leaves it to the norm after it there).
+  // (linear_wgmma_plan): one warpgroup a block at 49-64 rows, two at 65-128, row tiles of one above. The
+  // golden prompts 7 times over (56 rows a decode step, graph size 64) and 20 times (160 rows: three row
+  // tiles), with linear version 6, whose split-K sum is the cluster's (the default, 8, leaves it to the norm
+  // after it there).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     for (int copies : {7, 20})
@@ -350,8 +351,9 @@ TEST(E2E_Gpu, NarrowProjectionsSummedInTheNormMatchTransformers) {
   // --linear-version 8 (the default): where v6 runs o_proj and down_proj from 17 rows (kWgmmaPartialsMinRows)
   // to 192, the norm after each adds the projection's split-K partials (Backend::linear_add_rmsnorm,
   // 06_tensor_parallel/linear.h). The golden prompts 3, 7 and 20 times over (24, 56 and 160 rows a decode
-  // step), under graphs and eager; the tiny models' projections are one split each, Qwen3-0.6B's shapes split
-  // 2-8 ways in Ch06_LinearCuda's WgmmaPartialsAddUpToItsProduct.
+  // step), under graphs and eager; the tiny models' o_proj splits 4 ways (tiny-qwen3-a's 512 in_features) or 3
+  // (tiny-qwen3-b's 384) and their down_proj one way, Qwen3-0.6B's shapes split 2-8 ways in Ch06_LinearCuda's
+  // WgmmaPartialsAddUpToItsProduct.
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     for (int copies : {3, 7, 20})
@@ -403,8 +405,9 @@ TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
   p.temperature = 0.7f, p.max_tokens = 16, p.ignore_eos = true;
   EngineConfig c = gpu_config("tiny-qwen3-a");
   c.seed = 5;
-  // Eight prompts: every decode batch is a captured size (8, 4, 2, 1 as they finish together), so the
-  // graph replays the very kernels eager mode launches, and seeded samples must agree exactly.
+  // Eight prompts, prefilled in one step, each generating 16 tokens: they decode and finish together, so
+  // every decode batch is 8, a captured size, the graph replays the very kernels eager mode launches, and
+  // seeded samples must agree exactly.
   auto graphs = LLMEngine(c).generate(g.prompts, {p});
   auto again = LLMEngine(c).generate(g.prompts, {p});
   c.enforce_eager = true;

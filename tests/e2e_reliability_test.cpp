@@ -560,7 +560,8 @@ TEST(E2E_Reliability, ALengthTheModelSetIsNamedAsTheModels) {
 TEST(E2E_Reliability, CpuKvCacheFitsAMemoryLimitOrSaysHowToShrinkIt) {
   SKIP_WHERE_AN_ADDRESS_SPACE_LIMIT_CANNOT_RUN();
   // The CPU KV cache took a fixed 1 GiB, which failed under a 1 GiB address-space limit with no hint.
-  // Now it is sized from the model (model A needs 128 MiB for 8 sequences of 4096 tokens).
+  // Now its budget is --cpu-memory-mib (512 MiB by default) x --gpu-memory-utilization (0.9), less what is already
+  // allocated (04_model_runner/model_runner.cpp): model A's blocks are 1 MiB, so at most 460 of them.
   auto limited = [](const std::string& args) { return run_in_shell("ulimit -v 1048576 && ", args, ""); };
   auto r = limited("generate" + kCpuA + " --prompt-ids 1,2 --max-tokens 2");
   EXPECT_EQ(r.exit_code, 0) << r.err;

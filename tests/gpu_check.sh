@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU session in one command (for a machine with a CUDA GPU): build for the H200 (sm_90), then the
-# phases named on the command line, in order, each logging under OUT_DIR:
+# The GPU session in one command (for a machine with a CUDA GPU): build for compute capability 9.0 (H100,
+# H200: sm_90a), then the phases named on the command line, in order, each logging under OUT_DIR:
 #   test       every test binary (GPU tests included), a summary line each
 #   sanitize   compute-sanitizer memcheck and racecheck over the kernel tests of chapters 04-07 (04's layer
 #              kernels, 06's collectives in their stream-ordered version only; hazards racecheck reports inside
@@ -9,11 +9,12 @@
 #              that `generate` with --linear-version 1); SANITIZE_CHAPTERS (default "04 05 06 07"),
 #              SANITIZE_TOOLS (default "memcheck racecheck") and SANITIZE_TP=0 (skip the end-to-end runs) narrow it
 #   bench      nano-vllm's bench.py workload (bench --random qwen3-0.6b), then the same with --profile
-#   step       bench-step at batch 1, 16, 64 and 256 (context 1000), every attention version at 256
+#   step       bench-step at batch 1, 16, 64 and 256 (context 1000), then --attention-version 0 to 11 at 256
+#              (v5 and v12 are prefill only: v5's run is the default decode's, and v12 is left out)
 #   linear     bench-step from batch 1 to 64, the graph step without v6's wgmma GEMM (--linear-version 5)
 #              beside v6's (6; its row limits are 06_tensor_parallel/linear.h's kWgmma* constants), the
 #              default (8: v6 with o_proj's and down_proj's split-K sums in the norm after them) and, up to
-#              batch 4, v7's fused projections (7)
+#              batch 4, version 7 (v7's fused projections at batch 1 only, kPrefetchFasterRows; as 6 above it)
 #   sweep      tests/linear_sweep.cpp: v6's plans against cuBLAS per projection, 64-256 rows (04 NOTES, section 2)
 #   chain      tests/chain_bench.cu: what one dependent step costs (a kernel boundary, an overlapped one, a grid
 #              barrier, an input polled by its tags), 04_model_runner/NOTES.md section 9
@@ -28,7 +29,7 @@
 #   benchline  tests/timeline.cpp over a whole `bench --random qwen3-0.6b` (TIMELINE_ALL=1): every decode step's
 #              graph, kernel by kernel, summed over the run, beside the untraced run
 #   tp         tensor parallelism: the TP tests, and bench at --tensor-parallel-size 2 (both collectives)
-# Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default phases: test)
+# Usage: tests/gpu_check.sh OUT_DIR PHASE...     (default OUT_DIR: build-gpu/logs; default phases: test)
 # The build is whole again where the sources differ from those build-gpu was last built from (build_stamp.sh).
 set -uo pipefail
 out=${1:-build-gpu/logs}

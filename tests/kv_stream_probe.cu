@@ -25,8 +25,8 @@
 //                     of 256 bytes 2 KB apart
 //   head-major bulk   the same layout, each tile's K and V as two 4 KB bulk copies
 // and then the engine's own decode attention on the same cache (05_attention/attention.h):
-//   engine            decode_attention_cuda at the default version (v11: at 16 sequences and more one
-//                     split, v9's kernel), q ready and every key in the cache
+//   engine            decode_attention_cuda at the default version (v11: one split from 32 sequences on, v9's
+//                     kernel; two at 16-31, merged in a cluster), q ready and every key in the cache
 //   engine fused      decode_attention_fused_cuda: the same, with the q and k norms, RoPE and the new key's
 //                     write inside (as a decode step runs it)
 //   fused, no key     the same with every slot -1: the q work without the new key's write

@@ -11,7 +11,7 @@
 //   CUDA_INJECTION64_PATH=$PWD/libtimeline.so nanovllm bench-step --random qwen3-0.6b --batch 1
 //
 // Environment: TIMELINE_REPLAYS (10), how many of the last replays to average; TIMELINE_NODES (40), how
-// many nodes of the first table to print (0: none); TIMELINE_ALL (0): 1 prints instead one table over every
+// many nodes of the first table to print (0: none); TIMELINE_ALL (0): 1 prints instead the tables over every
 // replay of every graph, for a whole run such as `bench` (report_all_replays).
 //
 // What it prints, in microseconds, averaged over the replays:
@@ -22,9 +22,11 @@
 //     ends, so its duration includes its wait; what it adds is what the step pays for it.
 //   per kernel name: calls a replay, their durations summed, what they add summed.
 //   The sums over names come out in this order, largest first: where a step goes.
-//   With TIMELINE_ALL, also per graph (one a decode batch size): its replays, their spans and what decode
-//   attention adds to them, the graphs named by their attention kernel's grid (8 blocks a sequence from 16
-//   sequences on; the graphs of 1-16 sequences all run 128 blocks).
+//   With TIMELINE_ALL, instead, in milliseconds summed over the run: per kernel name; per graph (one a decode
+//   batch size): its replays, their spans and what decode attention adds to them, the graphs named by their
+//   attention kernel's grid (Qwen3-0.6B's 8 KV heads: 128 blocks for 1-8 sequences, 16 a sequence at 16 (two
+//   splits, 05_attention/attention.cu's cluster_decode_splits), 8 a sequence from 32 sequences on); and the
+//   kernels launched outside graphs after the first replay (report_eager_after).
 // Tracing costs the host time at each launch (bench-step's own step time grows), not the GPU's: the
 // replay's span stays within the untraced step time.
 #include <cupti.h>
@@ -120,9 +122,6 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-// TIMELINE_ALL=1: every replay of every graph (a whole `bench` run's decode steps), by kernel name: calls,
-// durations and adds summed over the run, in milliseconds; the replays' spans summed; and the GPU's idle time
-// between one replay's last kernel and the next one's first, where no kernel outside a graph ran between.
 // The kernels launched outside any graph after the first replay began: in `bench`, the timed run's prefills
 // (the start-up warm-ups and the warm-up request's prefill come before it). Per kernel name their durations
 // summed, and the GPU's idle time between two of them with no graph replay in between (the host preparing
@@ -161,6 +160,10 @@ void report_eager_after(const std::vector<const KernelRecord*>& outside, uint64_
   for (const auto& [name, t] : totals) std::printf("%-56s %8ld %12.1f\n", name.c_str(), t.calls, t.duration);
 }
 
+// TIMELINE_ALL=1: every replay of every graph (a whole `bench` run's decode steps), by kernel name: calls,
+// durations and adds summed over the run, in milliseconds; the replays' spans summed; and the GPU's idle time
+// between one replay's last kernel and the next one's first, where no kernel outside a graph ran between.
+// Then per graph, and the kernels outside graphs (report_eager_after).
 void report_all_replays(const std::vector<KernelRecord>& records) {
   std::map<uint32_t, std::vector<const KernelRecord*>> by_launch;
   std::vector<const KernelRecord*> outside;  // kernels launched outside any graph (prefill, warm-up)
