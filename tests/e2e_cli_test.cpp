@@ -291,11 +291,13 @@ TEST(E2E_Cli, DetokenizeNamesAnIdThatIsNoInteger) {
 }
 
 // bench-tokenizer repeats the text "until at least 20 MB have been encoded" (text.cpp): ceil(20 / MB) passes. A
-// 3,000,000-byte file takes 7 passes (6 would be 18 MB), a 4,000,000-byte one exactly 5 (20 MB, no sixth).
+// 3,000,000-byte file takes 7 passes (6 would be 18 MB), a 4,000,000-byte one exactly 5 (20 MB, no sixth), and a
+// 3,999,500-byte one 6 (5 would be 19.9975 MB: a round-up by adding 0.999 gave 5).
 TEST(E2E_Cli, BenchTokenizerEncodesAtLeast20MegabytesInWholePasses) {
   test::TempDir dir;
   for (const auto& [bytes, line] : {std::pair<size_t, std::string>{3000000, "encoded 3.00 MB (1 file) x 7 passes = 21.0 MB, "},
-                                    {4000000, "encoded 4.00 MB (1 file) x 5 passes = 20.0 MB, "}}) {
+                                    {4000000, "encoded 4.00 MB (1 file) x 5 passes = 20.0 MB, "},
+                                    {3999500, "encoded 4.00 MB (1 file) x 6 passes = 24.0 MB, "}}) {
     std::string text;
     while (text.size() < bytes) text += "hello world ";
     text.resize(bytes);

@@ -523,9 +523,13 @@ int main(int argc, char** argv) {
     CK(cudaEventElapsedTime(&ms, start, stop));
     std::printf("  %-16s %8.1f us a pass %6.0f GB/s\n", name, ms * 1000 / 20, read * 20 / ms / 1e6);
   };
-  std::printf("  (engine: decode version %d, %d split(s))\n",
-              attention_version_for(AttentionPhase::Decode, kAttentionVersionDefault, shape),
-              decode_splits(sequences, shape));
+  // The splits as the engine's decode_params sets them: v11 takes cluster_decode_splits up to the largest
+  // cluster, v10 (and v11 without clusters) decode_splits.
+  const int version = attention_version_for(AttentionPhase::Decode, kAttentionVersionDefault, shape);
+  const int most = tensor_core_decode_max_cluster();
+  const int splits = version == 11 && most > 1 ? std::min(cluster_decode_splits(sequences, shape), most)
+                                               : decode_splits(sequences, shape);
+  std::printf("  (engine: decode version %d, %d split(s))\n", version, splits);
   run_engine(false, "engine");
   run_engine(true, "engine fused");
   run_engine(true, "fused, no key", false);
