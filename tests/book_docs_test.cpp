@@ -65,7 +65,8 @@ const std::string& all_source_text() {
   static const std::string text = [] {
     std::string t;
     for (const std::string& f : sources())
-      if (f.rfind("tests/", 0) != 0 && f.find("_test.cpp") == std::string::npos) t += nanovllm::read_file(kRoot + "/" + f) + "\n";
+      if (f.rfind("tests/", 0) != 0 && f.find("_test.c") == std::string::npos)  // _test.cpp and _test.cu
+        t += nanovllm::read_file(kRoot + "/" + f) + "\n";
     return t;
   }();
   return text;

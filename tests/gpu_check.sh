@@ -35,6 +35,12 @@ set -uo pipefail
 out=${1:-build-gpu/logs}
 shift || true
 phases=${*:-test}
+for phase in $phases; do  # a misspelt phase is named before the build, not skipped after it
+  case $phase in
+    test|sanitize|bench|step|linear|sweep|probe|chain|gap|timeline|benchline|tp) ;;
+    *) echo "error: unknown phase '$phase' (the header lists them)" >&2; exit 2 ;;
+  esac
+done
 mkdir -p "$out"
 B=build-gpu
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
