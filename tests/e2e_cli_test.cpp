@@ -534,8 +534,8 @@ TEST(E2E_Cli, AMaxModelLenPastTheModelsPositionsIsClampedAndSaid) {
   ASSERT_EQ(at.exit_code, 0) << at.err;
   EXPECT_EQ(at.err.find("note: --max-model-len"), std::string::npos) << at.err;
   EXPECT_EQ(over.out, at.out);
-  // logits runs one position more than its flag (the token after the prompt), bench-step the context's: a
-  // length the command set itself is not the user's, and only the flag's value is compared.
+  // logits runs one position more than its flag (the token after the prompt), bench 4096 where the flag is left
+  // out: a length the command set itself is not the user's, and only the flag's value is compared.
   const std::string logits = "logits --device cpu --model " + model + " --prompt-ids 1,2 --max-model-len ";
   auto logits_over = run_nanovllm(logits + std::to_string(positions + 1));
   ASSERT_EQ(logits_over.exit_code, 0) << logits_over.err;
