@@ -4,7 +4,7 @@
 #   make test               build and run every test suite
 #   make chapter-03         build chapter 03, what it depends on, and its tests
 #   make chapter-03 test    ... and run only chapter 03's suites (Ch03_*)
-#   make help               list every target
+#   make help               list these targets and the rest (not the build/... file targets)
 #
 # Variables: CXX, NVCC (empty = CPU only), CUDA_ARCH (e.g. `make CUDA_ARCH=90`), BUILD, SANITIZE=1.
 # Builds run in parallel on every core unless you give -jN yourself.
