@@ -116,8 +116,8 @@ void prefill_attention_cuda(bf16* out, int64_t out_stride, const bf16* q, int64_
 // Decode: as decode_attention_cpu. From v2 on, flash-decoding: the context is cut into partitions of
 // decode_partition_size(...) keys, each attended by its own thread block, and the partial results (max,
 // sum, unnormalised output) are merged by a second kernel. max_context_len bounds the number of
-// partitions launched (under a CUDA graph it is max_model_len; blocks past a sequence's context return
-// at once). v10 cuts every context into decode_splits(...) partitions instead, a number set by the batch
+// partitions launched (under a CUDA graph it is max_model_len; v2-v9's blocks past a sequence's context
+// return at once). v10 cuts every context into decode_splits(...) partitions instead, a number set by the batch
 // alone; with 1 split there is no second kernel. v11 cuts each context into cluster_decode_splits(...)
 // partitions, at most kMaxClusterSplits (8 where the GPU holds no cluster of 16), a thread-block cluster that
 // merges its splits itself (no second kernel either; where the GPU has no clusters, v10's splits and combine).

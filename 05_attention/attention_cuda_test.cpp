@@ -3,7 +3,7 @@
 // default. Random caches with scrambled block tables; ragged lengths, sizes not multiples of 64; block
 // sizes 16, 48 (a KV tile of 64 keys straddles pages unevenly) and 256; cached context before the queries
 // (prefix hits, chunks that start and end mid-page); q_len = 1 prefill; GQA groups 1, 2, 3, 4, 8 and MQA
-// (one KV head for 8 or 16 query heads); head dims 64 and 128, and 80 and 96 through the fallback (v0);
+// (one KV head for 8 or 16 query heads); head dims 64 and 128, and 80, 96 and (prefill) 256 through the fallback (v0);
 // one long prefill with many KV tiles; batch sizes that select every decode partition size; CUDA-graph
 // sized grids with padding rows; v11 (splits merged in a cluster) bit for bit against v10 (the combine
 // kernel). Outputs are poisoned (NaN) before each launch.
