@@ -338,14 +338,19 @@ TEST(Ch07_Uniform, NoRepeatsAcrossInputGrids) {
 // Sampling with temperature
 
 TEST(Ch07_Sampling, NoTokenWinsThroughInfiniteNoise) {
-  // At seed 0, step 1576915, token 2's hash is all ones in its top 24 bits (checked above). Token 2 has
-  // logit -30 against seven tokens at 0: its probability is e^-30 / 7 ~ 1e-14, so it must not be drawn.
-  // If sampler_uniform returns 1.0 there, its Gumbel noise is +inf and it wins outright.
+  // At seed 0, step 1576915, token 4's 23 random bits are all ones (bits 41-63 of pair 2's hash, asserted
+  // below with the hash written out, as StrictlyInsideZeroOneAtTheHashExtremes does): the largest u there is.
+  // Token 4 has logit -30 against seven tokens at 0: its probability is e^-30 / 7 ~ 1e-14, so it must not be
+  // drawn. If sampler_uniform returns 1.0 there, its Gumbel noise is +inf and it wins outright.
+  const uint64_t seed = 0, step = 1576915;
+  const uint32_t token = 4;
+  ASSERT_EQ(mix64(seed + 0x9e3779b97f4a7c15ull * (mix64(step) + token / 2 + 1)) >> 41, 0x7fffffu)
+      << "token " << token << " no longer reaches the extreme at this step (the hash changed?)";
   std::vector<float> logits(8, 0.0f);
-  logits[2] = -30;
-  SamplingRow row = sampled(1.0f, 0, 1.0f, /*seed=*/0);
-  row.step = 1576915;
-  EXPECT_NE(sample(logits, row), 2);
+  logits[token] = -30;
+  SamplingRow row = sampled(1.0f, 0, 1.0f, seed);
+  row.step = step;
+  EXPECT_NE(sample(logits, row), int32_t(token));
 }
 
 TEST(Ch07_Sampling, SeededRowIsReproducible) {
