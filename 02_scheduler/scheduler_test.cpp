@@ -599,7 +599,11 @@ TEST(Ch02_Scheduler, ScheduleAheadLeavesASequenceAtItsLastToken) {
   s.add(&a);
   const std::vector<Sequence*> batch = prefill_then_decode(s);
   EXPECT_TRUE(s.schedule_ahead(batch).empty());
-  EXPECT_EQ(a.num_tokens(), 21);  // untouched
+  // Untouched (scheduler.h: "Otherwise it changes nothing"): 20 prompt tokens computed, the prefill's token
+  // appended, the decode step's one token still scheduled and not yet marked computed.
+  EXPECT_EQ(a.num_tokens(), 21);
+  EXPECT_EQ(a.num_cached_tokens, 20);
+  EXPECT_EQ(a.num_scheduled_tokens, 1);
 }
 
 TEST(Ch02_Scheduler, ScheduleAheadOnAFullCacheWhenNoBlockIsNeeded) {
