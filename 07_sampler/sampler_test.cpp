@@ -457,6 +457,20 @@ TEST(Ch07_TopK, TiesAtTheBoundaryKeepTheLowestIds) {
   const std::vector<int> counts = draw_counts(logits, sampled(1.0f, 2), 40000);
   EXPECT_EQ(observed(counts), (std::set<int>{1, 2}));
   EXPECT_GT(p_value(counts, {0, 0.5, 0.5, 0, 0}), kAlpha) << describe(counts, {0, 0.5, 0.5, 0, 0});
+  // The same in a row longer than 16: a sort of up to 16 elements is an insertion sort, stable whatever the
+  // sort promises, so the row above cannot tell a stable sort from an unstable one. 20 ties at logit 3 on the
+  // odd ids of 40 (the even ids at 0): top_k 2 keeps ids 1 and 3; so does top_p 0.08, as each tie has
+  // probability e^3 / (20 e^3 + 20) = 0.0476, two of them 0.0953.
+  std::vector<float> long_row(40, 0.0f);
+  for (size_t i = 1; i < long_row.size(); i += 2) long_row[i] = 3;
+  std::vector<double> two(long_row.size(), 0.0);
+  two[1] = two[3] = 0.5;
+  for (const SamplingRow& row : {sampled(1.0f, 2), sampled(1.0f, 0, 0.08f)}) {
+    SCOPED_TRACE("top_k " + std::to_string(row.top_k) + ", top_p " + std::to_string(row.top_p));
+    const std::vector<int> long_counts = draw_counts(long_row, row, 20000);
+    EXPECT_EQ(observed(long_counts), (std::set<int>{1, 3}));
+    EXPECT_GT(p_value(long_counts, two), kAlpha) << describe(long_counts, two);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
