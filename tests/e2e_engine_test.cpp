@@ -210,6 +210,9 @@ TEST(E2E_Engine, EosStopsGenerationUnlessIgnored) {
   std::vector<int32_t> stopped = LLMEngine(c).generate({g.prompts[3]}, {stop})[0].token_ids;
   size_t first = std::find(free_run.begin(), free_run.end(), free_run[2]) - free_run.begin();
   EXPECT_EQ(stopped, std::vector<int32_t>(free_run.begin(), free_run.begin() + first + 1));  // EOS kept
+  // Unless ignored: with the same EOS id, ignore_eos runs to max_tokens, through the EOS, as the free run did.
+  ASSERT_EQ(free_run.size(), 10u);
+  EXPECT_EQ(LLMEngine(c).generate({g.prompts[3]}, {greedy(10)})[0].token_ids, free_run);
 }
 
 TEST(E2E_Engine, OverlappedStepsChangeNoOutput) {
