@@ -250,6 +250,9 @@ TEST(Ch04_Config, WriteConfigRoundTrips) {
   EXPECT_EQ(back.num_attention_heads, c.num_attention_heads);
   EXPECT_EQ(back.num_key_value_heads, c.num_key_value_heads);
   EXPECT_EQ(back.head_dim, c.head_dim);
+  // 128 is also what load() assumes when head_dim is absent (transformers' default), so the equality above
+  // would hold for a writer that left head_dim out: the loader must have found it in the file.
+  EXPECT_FALSE(back.head_dim_absent) << "write_config left head_dim out";
   EXPECT_EQ(back.intermediate_size, c.intermediate_size);
   EXPECT_EQ(back.max_position_embeddings, c.max_position_embeddings);
   EXPECT_EQ(back.rms_norm_eps, c.rms_norm_eps);
@@ -262,6 +265,8 @@ TEST(Ch04_Config, WriteConfigRoundTrips) {
   Json written = Json::parse(read_file(dir / "config.json"), "config.json");
   EXPECT_EQ(written.at("rope_parameters").at("rope_type").as_string(), "default");
   EXPECT_EQ(written.at("eos_token_id").as_int64(), 151645);
+  ASSERT_NE(written.find("head_dim"), nullptr);
+  EXPECT_EQ(written.at("head_dim").as_int64(), 128);
   EXPECT_EQ(written.at("architectures").dump(), "[\"Qwen3ForCausalLM\"]");
   EXPECT_EQ(Json::parse(read_file(dir / "generation_config.json"), "g").at("eos_token_id").dump(),
             "[151645,151643]");
