@@ -3,6 +3,7 @@
 // exact bytes and round trip, sharded and multi-file checkpoints.
 #include "04_model_runner/checkpoint/safetensors.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -430,6 +431,16 @@ TEST(Ch04_Safetensors, WriterRefusesBadInputAndLeavesNoFile) {
   EXPECT_THROW(write_safetensors(dir / "x.safetensors",
                                  {{"a", DType::F32, {1}, nullptr, [](uint8_t*) { throw std::runtime_error("x"); }}}),
                std::runtime_error);
+  // The folder is empty: neither x.safetensors nor the temporary x.safetensors.tmp.<pid> the writer fills
+  // first (which Checkpoint::open below would not see: it is no *.safetensors file).
+  EXPECT_FALSE(is_regular_file(dir / "x.safetensors.tmp." + std::to_string(getpid())));
+  std::vector<std::string> left;
+  if (DIR* d = opendir(dir.path().c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) left.push_back(e->d_name);
+    closedir(d);
+  }
+  EXPECT_EQ(left, std::vector<std::string>{}) << "files left behind by the failed writes";
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
             dir.path() + ": no model weights (no *.safetensors file, no model.safetensors.index.json)");
 }
