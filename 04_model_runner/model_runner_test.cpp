@@ -464,6 +464,15 @@ TEST(Ch04_ModelRunner, TheCpuKvCacheGetsWhatTheBudgetLeavesAfterTheBuffers) {
   EXPECT_GT(half->num_kvcache_blocks(), 16);  // above the floor of one sequence of 256 tokens
   EXPECT_LT(half->num_kvcache_blocks(), full->num_kvcache_blocks());
   EXPECT_LT(wide->num_kvcache_blocks(), full->num_kvcache_blocks());
+  // The weights are part of what is allocated already. Golden A holds 279,360 parameters, by hand from its
+  // config: per layer q 512 x 64 + k 256 x 64 + v 256 x 64 + o 64 x 512 + gate, up, down 3 x 128 x 64 + norms
+  // 64 + 64 + 128 + 128 = 123,264, two layers 246,528, the tied embedding 512 x 64 = 32,768, the final norm 64.
+  // In fp32 on the CPU that is 1,117,440 bytes, 17 blocks: with buffers for steps of 16 tokens (far less than
+  // that), a budget that forgot the weights would give their bytes to the cache, past the budget.
+  const auto narrow = runner_with(0.9, 16);
+  const double weight_bytes = 279360.0 * 4;
+  EXPECT_LE(double(narrow->kv_cache_bytes()) + weight_bytes, 0.9 * budget) << "the cache left no room for the weights";
+  EXPECT_LE(double(full->kv_cache_bytes()) + weight_bytes, 0.9 * budget);
 }
 
 TEST(Ch04_ModelRunner, ADecodeStepMayHoldMoreSequencesThanMaxNumBatchedTokens) {
