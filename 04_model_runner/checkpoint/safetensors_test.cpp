@@ -249,16 +249,22 @@ TEST(Ch04_Safetensors, AcceptsWhatHuggingFaceAccepts) {
 
   std::vector<uint8_t> empty = make_file("{}", 0);
   EXPECT_TRUE(parse_safetensors(empty.data(), empty.size(), "t").empty());
-  // Every dtype name of dtype.h is read, with its size.
-  for (const char* dtype : {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"}) {
+  // Every dtype name of dtype.h is read, with its size in bytes as the format defines it (the element's
+  // bits / 8; BOOL is one byte). Two elements each, at offsets the header gives from that size: a size
+  // taken from dtype_size itself on both sides would agree with any dtype_size.
+  const std::pair<const char*, size_t> sizes[] = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+                                                  {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  for (const auto& [dtype, size] : sizes) {
     DType t;
     ASSERT_TRUE(dtype_from_name(dtype, &t));
-    std::string h = std::string(R"({"x":{"dtype":")") + dtype + R"(","shape":[1],"data_offsets":[0,)" +
-                    std::to_string(dtype_size(t)) + "]}}";
-    std::vector<uint8_t> one = make_file(h, 8);
-    std::vector<TensorView> parsed = parse_safetensors(one.data(), one.size(), "t");
+    std::string h = std::string(R"({"x":{"dtype":")") + dtype + R"(","shape":[2],"data_offsets":[0,)" +
+                    std::to_string(2 * size) + "]}}";
+    std::vector<uint8_t> one = make_file(h, 16);
+    std::vector<TensorView> parsed;
+    ASSERT_EQ(error_of([&] { parsed = parse_safetensors(one.data(), one.size(), "t"); }), "") << dtype;
     EXPECT_STREQ(dtype_name(parsed.at(0).dtype), dtype);
-    EXPECT_EQ(parsed.at(0).nbytes, dtype_size(t));
+    EXPECT_EQ(parsed.at(0).nbytes, 2 * size) << dtype;
+    EXPECT_EQ(dtype_size(t), size) << dtype;
   }
 }
 
