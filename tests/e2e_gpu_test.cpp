@@ -16,6 +16,7 @@
 #include "02_scheduler/scheduler.h"
 #include "04_model_runner/backend.h"
 #include "04_model_runner/model_runner.h"
+#include "04_model_runner/profiler.h"
 #ifdef NANOVLLM_CUDA
 #include "06_tensor_parallel/linear.h"
 #endif
@@ -85,6 +86,25 @@ SamplingParams greedy(int n) {
   return p;
 }
 
+// Whether this GPU runs v6 (compute capability 9.0, code built for sm_90a), and v7's projections that prefetch
+// their weights: what the tests of those paths may skip on. Where the GPU runs them, the backend must take
+// them; a test skips on the GPU, never on what the backend says (a backend that stopped fusing would skip).
+bool gpu_runs_wgmma() {
+#ifdef NANOVLLM_CUDA
+  return linear_wgmma_available();
+#else
+  return false;
+#endif
+}
+
+bool gpu_runs_prefetch() {
+#ifdef NANOVLLM_CUDA
+  return linear_prefetch_available();
+#else
+  return false;
+#endif
+}
+
 // A tensor-parallel engine against the golden data: the last-token logits of every third prompt
 // within the bf16 tolerance, greedy tokens up to the golden margin, and every rank ran every step.
 void expect_ranks_match_golden(LLMEngine& engine, const Golden& g, const std::string& what) {
@@ -122,12 +142,19 @@ TEST(E2E_Gpu, LogitsMatchTransformers) {
 // step replayed from a CUDA graph.
 TEST(E2E_Gpu, LogitsAfterAStepSampledInTheLmHead) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  if (!gpu_runs_wgmma()) GTEST_SKIP() << "this GPU does not run v6, whose LM head samples";
   const Golden g = load("tiny-qwen3-a");
   LLMEngine engine(gpu_config("tiny-qwen3-a"));
   std::vector<int64_t> ids;
   for (int copy = 0; copy < 2; copy++)
     for (const auto& prompt : g.prompts) ids.push_back(engine.add_request(prompt, greedy(2)));
   const size_t rows = ids.size();
+  bool samples_in_lm_head = false;  // what the test is about: these steps sample in the LM head's kernel
+  engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> b) {
+    samples_in_lm_head = b->fuses_linear_sample(int64_t(rows));
+    return b;
+  });
+  ASSERT_TRUE(samples_in_lm_head) << rows << " rows on a GPU that runs v6: the LM head samples";
   std::vector<std::vector<int32_t>> argmax_by_step;  // [step][row]
   std::map<int64_t, std::vector<int32_t>> tokens;
   while (!engine.is_finished()) {
@@ -190,6 +217,7 @@ TEST(E2E_Gpu, FusedProjectionsAtBatchOneMatchTransformers) {
   // so that every decode step is one row, under CUDA graphs and eager; the one-token prompts' prefills are
   // one row too.
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  if (!gpu_runs_prefetch()) GTEST_SKIP() << "this GPU has no fused projections (compute capability 9.0 or later)";
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"}) {
     Golden g = load(model);
     for (bool eager : {false, true}) {
@@ -202,7 +230,7 @@ TEST(E2E_Gpu, FusedProjectionsAtBatchOneMatchTransformers) {
         fuses = b->fuses_around_linear(1);
         return b;
       });
-      if (!fuses) GTEST_SKIP() << "this GPU has no fused projections (compute capability 9.0 or later)";
+      ASSERT_TRUE(fuses) << model << ": linear version 7 fuses one row on a GPU that has the fused projections";
       const std::string what = model + (eager ? " eager" : " graphs") + ", linear version 7, one prompt at a time";
       std::vector<GenerateOutput> outputs;
       for (const auto& prompt : g.prompts) outputs.push_back(engine.generate({prompt}, {greedy(24)})[0]);
@@ -261,10 +289,12 @@ TEST(E2E_Gpu, WgmmaProjectionsWithTheirSiluMatchTransformers) {
   // kernel (Backend::fuses_linear_silu, 06_tensor_parallel/linear_wgmma.cu), which runs up to 128 rows
   // (kWgmmaSiluRows). The golden prompts twice over (16 rows a decode step) and 14 times (112 rows).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  if (!gpu_runs_wgmma()) GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
     for (int copies : {2, 14})
-      if (!golden_copies_match(model, copies, [](const Backend& b, int64_t rows) { return b.fuses_linear_silu(rows); }))
-        GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+      EXPECT_TRUE(golden_copies_match(model, copies, [](const Backend& b, int64_t rows) { return b.fuses_linear_silu(rows); }))
+          << model << ", " << copies << " copies: v6 runs here, and the default linear version fuses the SiLU up to "
+          << "128 rows";
 }
 
 TEST(E2E_Gpu, GemvProjectionsWithTheirSiluMatchTransformers) {
@@ -408,10 +438,33 @@ TEST(E2E_Gpu, SeededSamplingMatchesAcrossGraphsAndEager) {
   // Eight prompts, prefilled in one step, each generating 16 tokens: they decode and finish together, so
   // every decode batch is 8, a captured size, the graph replays the very kernels eager mode launches, and
   // seeded samples must agree exactly.
-  auto graphs = LLMEngine(c).generate(g.prompts, {p});
+  // Each engine's decode attention calls, as a ProfiledBackend wrapped around its backend counts them: it sees
+  // the operations a step runs one by one, and none of a graph replay's. Under graphs every decode step replays
+  // a graph (none is counted); eager, every one runs its attention one layer at a time (some are).
+  auto generate = [&](int64_t* decode_attention_calls) {
+    LLMEngine engine(c);
+    ProfiledBackend* profiler = nullptr;
+    engine.model_runner().wrap_backend([&](std::unique_ptr<Backend> inner) {
+      auto wrapped = std::make_unique<ProfiledBackend>(std::move(inner));
+      profiler = wrapped.get();
+      return wrapped;
+    });
+    auto outputs = engine.generate(g.prompts, {p});
+    *decode_attention_calls = 0;
+    for (const OpTime& op : profiler->report())
+      if (op.label.find("attention decode") != std::string::npos) *decode_attention_calls += op.calls;
+    return outputs;
+  };
+  int64_t graphs_calls = -1, eager_calls = -1;
+  auto graphs = generate(&graphs_calls);
   auto again = LLMEngine(c).generate(g.prompts, {p});
   c.enforce_eager = true;
-  auto eager = LLMEngine(c).generate(g.prompts, {p});
+  auto eager = generate(&eager_calls);
+  EXPECT_EQ(graphs_calls, 0) << "a decode step of the graphs engine ran eagerly";
+  EXPECT_GT(eager_calls, 0) << "the eager engine's decode steps were not seen";
+  ASSERT_EQ(graphs.size(), g.prompts.size());
+  ASSERT_EQ(again.size(), g.prompts.size());
+  ASSERT_EQ(eager.size(), g.prompts.size());
   for (size_t i = 0; i < graphs.size(); i++) {
     EXPECT_EQ(graphs[i].token_ids, again[i].token_ids) << "case " << i;
     EXPECT_EQ(graphs[i].token_ids, eager[i].token_ids) << "case " << i;
