@@ -431,6 +431,23 @@ TEST(Ch04_LayersCuda, SiluAndMulAndGather) {
   EXPECT_EQ(to_float(d_g.get()), gathered);
 }
 
+// Over more than one block of threads (m = 600, blocks of 256): the CPU's answer, rows of -1 left as they were.
+TEST(Ch04_LayersCuda, TakeSampledTokensAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  const int m = 600, sampled = 97;
+  std::vector<int32_t> ids(m), tokens(sampled), rows(m);
+  for (int32_t& id : ids) id = int32_t(rng() % 151936);
+  for (int32_t& t : tokens) t = int32_t(rng() % 151936);
+  for (int32_t& r : rows) r = int32_t(rng() % (sampled + 1)) - 1;  // -1 about once in 98
+  rows[0] = -1, rows[m - 1] = sampled - 1;
+  DeviceArray<int32_t> d_ids(ids), d_tokens(tokens), d_rows(rows);
+  std::vector<int32_t> want = ids;
+  take_sampled_tokens_cpu(want.data(), tokens.data(), rows.data(), m);
+  take_sampled_tokens_cuda(d_ids.ptr, d_tokens.ptr, d_rows.ptr, m, 0);
+  EXPECT_EQ(d_ids.get(), want);
+}
+
 #else
 TEST(Ch04_LayersCuda, Skipped) { GTEST_SKIP() << "built without CUDA"; }
 #endif

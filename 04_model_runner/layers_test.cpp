@@ -125,6 +125,17 @@ TEST(Ch04_Layers, SiluAndMulKnownAnswer) {
   EXPECT_NEAR(out[1], -2 / (1 + std::exp(-2.0)), 1e-6);  // silu(2) * -1
 }
 
+// An overlapped decode step's inputs (layers.h): a row whose token the step before sampled takes it from that
+// step's tokens; a row of -1 keeps the id the host uploaded.
+TEST(Ch04_Layers, TakeSampledTokensFillsOnlyTheRowsTheStepBeforeSampled) {
+  int32_t ids[5] = {100, 101, 102, 103, 104};
+  const int32_t tokens[3] = {7, 8, 9};
+  const int32_t rows[5] = {2, -1, 0, -1, 2};
+  take_sampled_tokens_cpu(ids, tokens, rows, 5);
+  const int32_t want[5] = {9, 101, 7, 103, 9};
+  for (int i = 0; i < 5; i++) EXPECT_EQ(ids[i], want[i]) << i;
+}
+
 TEST(Ch04_Layers, VocabParallelEmbeddingZeroesOtherRanksIds) {
   // This rank holds ids [10, 13): rows of ids outside are zero, to be filled by the other ranks.
   const float table[3 * 2] = {1, 2, 3, 4, 5, 6};
