@@ -136,6 +136,7 @@ TEST(E2E_Engine, TensorParallelRanksGiveTheSameGreedyTokens) {
       LLMEngine engine(c);
       EXPECT_EQ(completions(engine.generate(g.prompts, {greedy(12)})), reference);
       // Every rank ran every step.
+      ASSERT_EQ(engine.model_runner().rank_steps().size(), size_t(tp));
       for (int64_t steps : engine.model_runner().rank_steps()) EXPECT_EQ(steps, engine.stats().steps);
     }
   }

@@ -116,6 +116,7 @@ void expect_ranks_match_golden(LLMEngine& engine, const Golden& g, const std::st
   }
   const auto outputs = engine.generate(g.prompts, {greedy(24)});
   expect_golden_greedy(g, outputs, what);
+  ASSERT_EQ(int(engine.model_runner().rank_steps().size()), engine.config().tensor_parallel_size) << what;
   for (int64_t steps : engine.model_runner().rank_steps()) EXPECT_EQ(steps, engine.stats().steps) << what;
 }
 
