@@ -2,7 +2,6 @@
 // outside, each run as a user would, checking the exit code, the one error line and the output.
 #include <gtest/gtest.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -281,14 +280,7 @@ struct FreshDataDir : ScratchDir {
   FreshDataDir() {
     EXPECT_EQ(symlink((data_dir() + "/qwen3-tokenizer").c_str(), (path + "/qwen3-tokenizer").c_str()), 0);
   }
-  std::set<std::string> entries() const {
-    std::set<std::string> names;
-    DIR* d = opendir(path.c_str());
-    while (dirent* e = d ? readdir(d) : nullptr)
-      if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.insert(e->d_name);
-    if (d) closedir(d);
-    return names;
-  }
+  std::set<std::string> entries() const { return test::folder_entries(path); }
 };
 
 bool has_all_files(const std::string& dir, bool with_tokenizer) {

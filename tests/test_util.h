@@ -8,12 +8,15 @@
 
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +33,17 @@ inline std::string data_path(const std::string& relative) {
 }
 
 inline Json read_json(const std::string& path) { return Json::parse(read_file(path), path); }
+
+// The names in a folder, "." and ".." left out (none where the folder cannot be opened).
+inline std::set<std::string> folder_entries(const std::string& dir) {
+  std::set<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.insert(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
 
 inline std::vector<uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

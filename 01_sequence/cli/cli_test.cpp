@@ -1,6 +1,5 @@
 // The command line's flag parser and the subcommands that need no model run (01_sequence/cli/), and the file
 // helpers under them (01_sequence/base/files.h).
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -187,21 +186,6 @@ TEST(Ch01_Cli, LineReaderNumbersEveryLineAndRefusesOneByteOverTheLimit) {
   EXPECT_EQ(line, bom + "[2]");
 }
 
-namespace {
-
-// The names in a folder, "." and ".." left out.
-std::set<std::string> entries(const std::string& dir) {
-  std::set<std::string> names;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") names.insert(e->d_name);
-    closedir(d);
-  }
-  return names;
-}
-
-}  // namespace
-
 // optional_file_exists (files.h): false when nothing is at the path, and nothing is at a path below a regular file
 // (the system's ENOTDIR), as nothing is at a missing one; a folder there is a mistake named.
 TEST(Ch01_Files, NothingIsBelowARegularFile) {
@@ -233,14 +217,14 @@ TEST(Ch01_Files, AnAtomicWriteLeavesTheFileOrNothing) {
     AtomicFileWriter out(dir / "abandoned");
     out.write("half", 4);
   }
-  EXPECT_EQ(entries(dir.path()), std::set<std::string>{});
+  EXPECT_EQ(test::folder_entries(dir.path()), std::set<std::string>{});
   make_directories(dir / "folder/inside");
   EXPECT_EQ(error_of([&] { write_file(dir / "folder", "text"); }),
             dir / "folder" + ": cannot rename the temporary file: Is a directory");
-  EXPECT_EQ(entries(dir.path()), std::set<std::string>{"folder"});
+  EXPECT_EQ(test::folder_entries(dir.path()), std::set<std::string>{"folder"});
   write_file(dir / "done", "text");
   EXPECT_EQ(read_file(dir / "done"), "text");
-  EXPECT_EQ(entries(dir.path()), (std::set<std::string>{"done", "folder"}));
+  EXPECT_EQ(test::folder_entries(dir.path()), (std::set<std::string>{"done", "folder"}));
 }
 
 // read_file (files.h): a folder is refused with the documented reason "it is a directory", not the "not a regular

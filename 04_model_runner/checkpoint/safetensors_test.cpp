@@ -3,7 +3,6 @@
 // exact bytes and round trip, sharded and multi-file checkpoints.
 #include "04_model_runner/checkpoint/safetensors.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -440,13 +439,7 @@ TEST(Ch04_Safetensors, WriterRefusesBadInputAndLeavesNoFile) {
   // The folder is empty: neither x.safetensors nor the temporary x.safetensors.tmp.<pid> the writer fills
   // first (which Checkpoint::open below would not see: it is no *.safetensors file).
   EXPECT_FALSE(is_regular_file(dir / "x.safetensors.tmp." + std::to_string(getpid())));
-  std::vector<std::string> left;
-  if (DIR* d = opendir(dir.path().c_str())) {
-    while (dirent* e = readdir(d))
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) left.push_back(e->d_name);
-    closedir(d);
-  }
-  EXPECT_EQ(left, std::vector<std::string>{}) << "files left behind by the failed writes";
+  EXPECT_EQ(folder_entries(dir.path()), std::set<std::string>{}) << "files left behind by the failed writes";
   EXPECT_EQ(error_of([&] { Checkpoint::open(dir.path()); }),
             dir.path() + ": no model weights (no *.safetensors file, no model.safetensors.index.json)");
 }
