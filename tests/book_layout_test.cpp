@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "01_sequence/base/files.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -121,9 +122,7 @@ TEST(Book_Layout, IncludesFollowTheReadingOrder) {
   const auto deps = makefile_deps();
   ASSERT_EQ(deps.size(), 7u) << "the Makefile should have deps_01 .. deps_07";
   std::vector<std::string> sources;
-  for (const char* chapter : {"01_sequence", "02_scheduler", "03_block_manager", "04_model_runner",
-                              "05_attention", "06_tensor_parallel", "07_sampler"})
-    list_sources(chapter, sources);
+  for (const std::string& chapter : nanovllm::test::kChapters) list_sources(chapter, sources);
   ASSERT_GT(sources.size(), 40u);
   const std::regex include(R"(^\s*#\s*include\s+"([^"]+)\")");
   int checked = 0;

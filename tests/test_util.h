@@ -27,6 +27,12 @@
 
 namespace nanovllm::test {
 
+// The book's chapter folders in reading order, as the README lists them: the tests that walk the book
+// (book_docs_test, book_layout_test) take them from here, so a new chapter is named once.
+inline const std::vector<std::string> kChapters = {"01_sequence",     "02_scheduler", "03_block_manager",
+                                                   "04_model_runner", "05_attention", "06_tensor_parallel",
+                                                   "07_sampler"};
+
 // Path of a file under tests/data/ in the source tree.
 inline std::string data_path(const std::string& relative) {
   return std::string(NANOVLLM_SOURCE_DIR) + "/tests/data/" + relative;
