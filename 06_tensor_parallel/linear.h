@@ -467,6 +467,13 @@ class CudaLinear {
   // cuBLAS's SM target that leaves spare_sms of this device's SMs free (0: all of them, cuBLAS's default).
   static int sm_target(int spare_sms);
 
+  // How many calls, in this process, took the two paths whose answers are those of another version, so that
+  // a test comparing answers cannot tell it ran them (tests; a captured call counts once, at its capture):
+  // run_partials queuing v6's partials, and run queuing v6 above kWgmmaFasterRows rows for a narrow
+  // projection (kWgmmaNarrowOut, kWgmmaNarrowRows).
+  static size_t partials_runs();
+  static size_t narrow_wgmma_runs();
+
  private:
   // Whether this call runs v6: version 6 or more, more rows than v5 takes, up to max_rows, a layer
   // projection (not the LM head), and a GPU and operands v6 can take. run passes kWgmmaFasterRows (or

@@ -8,7 +8,14 @@
 #ifdef NANOVLLM_CUDA
 #include "06_tensor_parallel/linear.h"
 
+#include <atomic>
+
 namespace nanovllm {
+
+namespace {
+// CudaLinear::partials_runs and narrow_wgmma_runs; atomic, as each rank's thread has a CudaLinear of its own.
+std::atomic<size_t> g_partials_runs{0}, g_narrow_wgmma_runs{0};
+}  // namespace
 
 void linear_cuda(cublasHandle_t handle, void* y, bool y_is_fp32, const bf16* x, const bf16* W, int n,
                  int in_features, int out_features, int sm_target) {
@@ -39,6 +46,7 @@ void CudaLinear::run(void* y, bool y_is_fp32, const bf16* x, const bf16* W, int 
   if (runs_wgmma(x, W, n, in_features, out_features,
                  out_features <= kWgmmaNarrowOut ? kWgmmaNarrowRows : kWgmmaFasterRows)) {
     linear_wgmma_cuda(y, y_is_fp32, x, W, n, in_features, out_features, stream_);
+    if (n > kWgmmaFasterRows) g_narrow_wgmma_runs++;
     return;
   }
   if (version_ >= 5 && n > kGemvFasterRows && n <= kGemvMmaFasterRows && linear_gemv_fits(x, W, n, in_features)) {
@@ -76,8 +84,13 @@ int CudaLinear::run_partials(float* partials, const bf16* x, const bf16* W, int 
   if (version_ != 8 || n < kWgmmaPartialsMinRows || out_features > kWgmmaNarrowOut ||
       !runs_wgmma(x, W, n, in_features, out_features, kWgmmaPartialsMaxRows))
     return 0;
-  return linear_wgmma_partials_cuda(partials, x, W, n, in_features, out_features, stream_);
+  const int splits = linear_wgmma_partials_cuda(partials, x, W, n, in_features, out_features, stream_);
+  if (splits > 0) g_partials_runs++;
+  return splits;
 }
+
+size_t CudaLinear::partials_runs() { return g_partials_runs.load(); }
+size_t CudaLinear::narrow_wgmma_runs() { return g_narrow_wgmma_runs.load(); }
 
 bool CudaLinear::run_silu(bf16* y, const bf16* x, const bf16* W, int n, int in_features, int out_features) {
   if (!fuses_silu(n) || out_features % 2 != 0) return false;

@@ -371,11 +371,19 @@ TEST(E2E_Gpu, WgmmaNarrowProjectionsAbove48RowsMatchTransformers) {
   // golden prompts 7 times over (56 rows a decode step, graph size 64) and 20 times (160 rows: three row
   // tiles), with linear version 6, whose split-K sum is the cluster's (the default, 8, leaves it to the norm
   // after it there).
+  // The answers are v1's too, so the test also counts the calls that ran v6 above 48 rows
+  // (CudaLinear::narrow_wgmma_runs).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef NANOVLLM_CUDA
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
-    for (int copies : {7, 20})
+    for (int copies : {7, 20}) {
+      const size_t before = CudaLinear::narrow_wgmma_runs();
       if (!golden_copies_match(model, copies, wgmma_runs, 6))
         GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+      EXPECT_GT(CudaLinear::narrow_wgmma_runs(), before) << model << ", " << copies << " copies: no call ran v6 above "
+                                                         << kWgmmaFasterRows << " rows";
+    }
+#endif
 }
 
 TEST(E2E_Gpu, NarrowProjectionsSummedInTheNormMatchTransformers) {
@@ -385,11 +393,19 @@ TEST(E2E_Gpu, NarrowProjectionsSummedInTheNormMatchTransformers) {
   // step), under graphs and eager; the tiny models' o_proj splits 4 ways (tiny-qwen3-a's 512 in_features) or 3
   // (tiny-qwen3-b's 384) and their down_proj one way, Qwen3-0.6B's shapes split 2-8 ways in Ch06_LinearCuda's
   // WgmmaPartialsAddUpToItsProduct.
+  // The answers are the cluster's sum's too, so the test also counts the calls that left their partials to
+  // the norm (CudaLinear::partials_runs).
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef NANOVLLM_CUDA
   for (const std::string model : {"tiny-qwen3-a", "tiny-qwen3-b"})
-    for (int copies : {3, 7, 20})
+    for (int copies : {3, 7, 20}) {
+      const size_t before = CudaLinear::partials_runs();
       if (!golden_copies_match(model, copies, wgmma_runs, 8))
         GTEST_SKIP() << "this GPU does not run v6 (compute capability 9.0, code built for sm_90a)";
+      EXPECT_GT(CudaLinear::partials_runs(), before) << model << ", " << copies << " copies: no projection left "
+                                                     << "its partials to the norm";
+    }
+#endif
 }
 
 TEST(E2E_Gpu, PrefillsAfterTheWarmUpChooseNoGemmAlgorithm) {
