@@ -53,9 +53,11 @@ class JsonParser {
     pos_ += word.size();
   }
 
+  // depth: the arrays and objects around this value (0 at the top), so an array or object here is
+  // nesting level depth + 1; the 513th is refused at its bracket.
   Json parse_value(int depth) {
-    if (depth > kMaxDepth) error("nesting deeper than 512 levels");
     if (at_end()) error("unexpected end of input (expected a JSON value)");
+    if ((peek() == '{' || peek() == '[') && depth >= kMaxDepth) error("nesting deeper than 512 levels");
     switch (peek()) {
       case '{': return parse_object(depth);
       case '[': return parse_array(depth);

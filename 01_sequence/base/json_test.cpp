@@ -121,7 +121,20 @@ TEST(Ch01_Json, ErrorsNameLineAndColumn) {
   EXPECT_EQ(parse_error("// c\n1"), "t.json:1:1: unexpected character (expected a JSON value)");
   EXPECT_EQ(parse_error("1 2"), "t.json:1:3: unexpected text after the JSON value");
   EXPECT_EQ(parse_error(""), "t.json:1:1: unexpected end of input (expected a JSON value)");
-  EXPECT_EQ(parse_error("[" + std::string(600, '[')), "t.json:1:514: nesting deeper than 512 levels");
+  EXPECT_EQ(parse_error("[" + std::string(600, '[')), "t.json:1:513: nesting deeper than 512 levels");
+  // The boundary: 512 arrays one in another parse, a value innermost or none; the 513th is refused.
+  EXPECT_EQ(parse_error(std::string(513, '[') + std::string(513, ']')), "t.json:1:513: nesting deeper than 512 levels");
+}
+
+TEST(Ch01_Json, NestingOf512LevelsParses) {
+  Json empty = Json::parse(std::string(512, '[') + std::string(512, ']'), "t.json");
+  Json one = Json::parse(std::string(512, '[') + "1" + std::string(512, ']'), "t.json");
+  int levels = 0;
+  const Json* j = &one;
+  for (; j->is_array() && j->size() == 1; j = &j->as_array()[0]) levels++;
+  EXPECT_EQ(levels, 512);
+  EXPECT_EQ(j->as_int64(), 1);
+  EXPECT_TRUE(empty.is_array());
 }
 
 // A line of a JSON Lines stream is named by its source ("stdin line 3"), so its errors give the column alone.
