@@ -289,6 +289,31 @@ TEST(Ch02_Scheduler, PreemptsTheNewestRunningSequenceAndRecomputes) {
   EXPECT_EQ(b.num_scheduled_tokens, 5);
 }
 
+TEST(Ch02_Scheduler, PreemptsTheNewestOfThreeRunningNotTheNextInLine) {
+  // With two running sequences the newest is also the next in line, so the test above cannot tell them
+  // apart. 4 blocks of 16: a (32 tokens, 2 blocks), b (10, 1) and c (10, 1), all prefilled in one step in
+  // arrival order. a's 33rd token needs a 3rd block and none is free: c, started last, is preempted, and
+  // b, which needs no block, still decodes in this step.
+  EngineConfig c = small_config(4, 16);
+  Scheduler s(c);
+  Sequence a(0, tokens(32, 0), params(5), 0, 16), b(1, tokens(10, 300), params(5), 0, 16),
+      cc(2, tokens(10, 600), params(5), 0, 16);
+  s.add(&a), s.add(&b), s.add(&cc);
+  auto [batch, is_prefill] = s.schedule();
+  ASSERT_EQ(batch.size(), 3u);
+  ASSERT_EQ(s.block_manager().num_free_blocks(), 0);
+  s.postprocess(batch, {11, 12, 13}, true);
+  std::tie(batch, is_prefill) = s.schedule();
+  ASSERT_FALSE(is_prefill);
+  EXPECT_EQ(batch, (std::vector<Sequence*>{&a, &b}));
+  EXPECT_EQ(cc.status, SequenceStatus::WAITING);
+  EXPECT_EQ(cc.num_preemptions, 1);
+  EXPECT_EQ(b.num_preemptions, 0);
+  ASSERT_EQ(s.waiting().size(), 1u);
+  EXPECT_EQ(s.waiting().front(), &cc);
+  EXPECT_EQ(s.running(), (std::deque<Sequence*>{&a, &b}));
+}
+
 TEST(Ch02_Scheduler, DecodePreemptsItselfWhenAlone) {
   // The last running sequence needs a block, the cache is full, and nothing is left behind it to preempt
   // (the sequences ahead of it are already in this step's batch): it preempts itself, the step decodes the
@@ -364,6 +389,14 @@ TEST(Ch02_Scheduler, RefusesRequestsThatCanNeverRun) {
     FAIL() << "accepted";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "request 1: needs 5 KV blocks of 16 tokens but the cache has only 4");
+  }
+  // A sequence built with another block size would index the cache with the wrong block table: refused.
+  Sequence other_block_size(3, tokens(10, 0), params(5), 0, 32);
+  try {
+    s.add(&other_block_size);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "request 3: block size 32 differs from the engine's 16");
   }
   Sequence just_fits(2, tokens(60, 0), params(5), 0, 16);  // 64 slots -> 4 blocks: accepted and runs
   s.add(&just_fits);
@@ -628,6 +661,17 @@ TEST(Ch02_Scheduler, ScheduleAheadCountsNoBlockForAFinishingSequence) {
   ASSERT_EQ(batch.size(), 2u);  // both prefilled, both decoding
   ASSERT_EQ(s.block_manager().num_free_blocks(), 0);
   EXPECT_EQ(s.schedule_ahead(batch), std::vector<Sequence*>{&b});
+  // a does not go on, but its step was computed all the same, as postprocess would record it: position 15
+  // completes its first block, which is hashed (and so stays in the prefix cache once a retires).
+  EXPECT_EQ(a.num_cached_tokens, 16);
+  const int a_block = a.block_table[0];
+  std::vector<int32_t> a_first_block = tokens(15, 0);
+  a_first_block.push_back(11);  // the prefill's token
+  const uint64_t h = BlockManager::compute_hash(a_first_block.data(), 16, false, 0);
+  EXPECT_EQ(s.block_manager().cached_block(h), a_block);
+  s.finish_ahead(batch, {21, 22});
+  ASSERT_TRUE(a.is_finished());
+  EXPECT_EQ(s.block_manager().cached_block(h), a_block) << "a's full block left the prefix cache";
 }
 
 TEST(Ch02_Scheduler, ASequenceRetiredAheadLeavesTheOthersGoingOn) {

@@ -142,6 +142,18 @@ TEST(Ch03_BlockManager, FreedBlocksStayHitsUntilReused) {
   EXPECT_EQ(b.block_table[1], a_blocks[1]);
   EXPECT_EQ(bm.block(a_blocks[0]).ref_count, 1);
   EXPECT_EQ(bm.num_free_blocks(), 1);
+  // Taken back from the free queue, those blocks are in use again: a third request with the same prefix
+  // shares them for free and needs only its own tail block, the 1 left.
+  Sequence c = make_seq(2, iota_tokens(33));
+  EXPECT_EQ(bm.can_allocate(c), 2);
+  // Preempted and allocated again (as the scheduler recomputes it), b hits the same 2 blocks once more:
+  // its counter sums the hits of every allocation, 2 + 2.
+  compute(bm, b, b.num_tokens() - b.num_cached_tokens);
+  bm.deallocate(b);
+  bm.allocate(b, bm.can_allocate(b));
+  EXPECT_EQ(b.num_cached_tokens, 32);
+  EXPECT_EQ(b.num_prefix_hit_blocks, 4);
+  EXPECT_EQ(bm.total_hit_blocks(), 4);
 }
 
 TEST(Ch03_BlockManager, HitOnFreeBlocksStillNeedsFreeBlocks) {
@@ -259,6 +271,7 @@ TEST(Ch03_BlockManager, DecodeKeepsCeilTokensOverBlockSizeAtEveryBlockSize) {
     }
   }
   EXPECT_THROW(BlockManager(4, 0), Error);
+  EXPECT_THROW(BlockManager(0, kBS), Error);  // a cache of no blocks could never hold a token
 }
 
 TEST(Ch03_BlockManager, CanAppendFailsWithoutFreeBlockAtBoundary) {

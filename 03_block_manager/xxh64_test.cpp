@@ -41,6 +41,10 @@ TEST(Ch03_Xxh64, ExactlyOneStripe) {
   streamed.update(bytes, 20);
   streamed.update(bytes + 20, 12);
   EXPECT_EQ(streamed.digest(), 0xcbf59c5116ff32b4ull);
+  // The stripe given whole in one update, not topped up: consumed there, not left as a 32-byte tail.
+  Xxh64 whole(0);
+  whole.update(bytes, 32);
+  EXPECT_EQ(whole.digest(), 0xcbf59c5116ff32b4ull);
 }
 
 TEST(Ch03_Xxh64, GoldenVectorsOneShotAndStreaming) {
@@ -94,4 +98,16 @@ TEST(Ch03_Xxh64, NotesVectorsForBlocksOfConsecutiveIds) {
   uint64_t h0 = BlockManager::compute_hash(ids.data(), 256, false, 0);
   EXPECT_EQ(h0, 5218229187174952702ull);
   EXPECT_EQ(BlockManager::compute_hash(ids.data() + 256, 256, true, h0), 1422405182635600221ull);
+}
+
+TEST(Ch03_Xxh64, BlockHashBytesAreThePrefixThenEachIdAsInt64) {
+  // compute_hash against the bytes spelled out by hand: the previous hash as 8 little-endian bytes, then
+  // each id as a little-endian int64. A negative id is sign-extended (-1 is eight 0xff bytes), as numpy's
+  // int64 array nano-vllm hashes; read as uint32 it would be ff ff ff ff 00 00 00 00.
+  const int32_t ids[2] = {-1, 5};
+  const uint8_t bytes[24] = {0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01,   // prefix 0x0123456789abcdef
+                             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,   // -1
+                             0x05, 0, 0, 0, 0, 0, 0, 0};                     // 5
+  EXPECT_EQ(BlockManager::compute_hash(ids, 2, true, 0x0123456789abcdefull), xxh64(bytes, 24, 0));
+  EXPECT_EQ(BlockManager::compute_hash(ids, 2, false, 0x0123456789abcdefull), xxh64(bytes + 8, 16, 0));
 }
