@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 
 #include "01_sequence/cli/serving_metrics.h"
@@ -100,6 +101,32 @@ TEST(Ch01_SamplingParams, ValidationNamesTheField) {
   p = SamplingParams();
   p.temperature = 0;
   EXPECT_TRUE(p.is_greedy());
+  EXPECT_EQ(error_of([&] { p.validate(); }), "");  // 0 is greedy, not an error
+}
+
+TEST(Ch01_SamplingParams, EachRangeIsCheckedAtItsEdgesAndAgainstNaN) {
+  // The ranges of sampling_params.h, one value on each side of each edge: temperature >= 0 and finite (a NaN
+  // compares false with everything, so "temperature < 0" alone lets it through, and an infinite temperature
+  // makes every logit 0), top_k >= 0 (-1, vLLM's "off", is not this engine's 0), top_p in (0, 1] (the float
+  // just above 1 and a NaN are outside it). These reach the engine from the library API, which no flag parser guards.
+  auto error_with = [](auto set) {
+    SamplingParams p;
+    set(p);
+    return error_of([&] { p.validate(); });
+  };
+  const std::string temperature = "temperature must be >= 0 (0 = greedy), got ";
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.temperature = NAN; }).rfind(temperature, 0), 0u);
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.temperature = INFINITY; }).rfind(temperature, 0), 0u);
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.temperature = 1e30f; }), "");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_k = -1; }), "top_k must be >= 0 (0 = off), got -1");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_k = 0; }), "");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.max_tokens = 1; }), "");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_p = 1; }), "");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_p = std::nextafter(0.0f, 1.0f); }), "");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_p = std::nextafter(1.0f, 2.0f); }),
+            "top_p must be in (0, 1], got 1.00000012");  // 1 + 2^-23, printed to 9 digits so that it is not "1"
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_p = 1.5f; }), "top_p must be in (0, 1], got 1.5");
+  EXPECT_EQ(error_with([](SamplingParams& p) { p.top_p = NAN; }).rfind("top_p must be in (0, 1], got ", 0), 0u);
 }
 
 TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
@@ -119,6 +146,42 @@ TEST(Ch01_EngineConfig, ValidationNamesTheSetting) {
   c = EngineConfig();
   c.collectives = "nccl";
   EXPECT_EQ(error_of([&] { c.validate(); }), "collectives must be spin or events, got 'nccl'");
+}
+
+TEST(Ch01_EngineConfig, EachSettingIsCheckedAtTheLowEndOfItsRange) {
+  // The test above checks the high ends; a bound left out at the low end (a count of 0, a block size of 0,
+  // which "% 16 == 0" alone accepts) went unnoticed. Each setting one past its low end, and at it; and
+  // gpu_memory_utilization, which the test above leaves out, one past its high end too.
+  auto error_with = [](auto set) {
+    EngineConfig c;
+    set(c);
+    return error_of([&] { c.validate(); });
+  };
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.max_num_batched_tokens = 0; }), "max_num_batched_tokens must be >= 1, got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.max_num_seqs = 0; }), "max_num_seqs must be >= 1, got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.max_model_len = 0; }), "max_model_len must be >= 1, got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.cpu_memory_mib = 0; }), "cpu_memory_mib must be >= 1, got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.tensor_parallel_size = 0; }), "tensor_parallel_size must be in [1, 8], got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.linear_version = 0; }), "linear_version must be in [1, 8], got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.kvcache_block_size = 0; }),
+            "block size must be a positive multiple of 16, got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.kvcache_block_size = -16; }),
+            "block size must be a positive multiple of 16, got -16");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.num_kvcache_blocks = 0; }), "kv cache blocks must be >= 1, got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.num_kvcache_blocks = -2; }), "kv cache blocks must be >= 1, got -2");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.gpu_memory_utilization = 0; }),
+            "gpu_memory_utilization must be in (0, 1], got 0");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.gpu_memory_utilization = 1.5f; }),
+            "gpu_memory_utilization must be in (0, 1], got 1.5");
+  // The low ends themselves are taken (-1 blocks: as many as memory allows).
+  EXPECT_EQ(error_with([](EngineConfig& c) {
+              c.max_num_batched_tokens = c.max_num_seqs = c.max_model_len = c.cpu_memory_mib = 1;
+              c.tensor_parallel_size = c.linear_version = c.num_kvcache_blocks = 1;
+              c.kvcache_block_size = 16;
+              c.gpu_memory_utilization = 1;
+            }),
+            "");
+  EXPECT_EQ(error_with([](EngineConfig& c) { c.num_kvcache_blocks = -1; }), "");
 }
 
 TEST(Ch01_LLMEngine, StepCountsTokensLikeNanoVllm) {

@@ -75,6 +75,22 @@ TEST(Ch01_Json, StringEscapesAndSurrogatePairs) {
   EXPECT_EQ(a[1].as_string(), "\xc3\xa9\xe4\xb8\xad");
   EXPECT_EQ(a[2].as_string(), "\xf0\x9f\x98\x80");
   EXPECT_EQ(a[3].as_string(), "\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80");
+  // RFC 8259 section 7: "The hexadecimal letters A through F can be uppercase or lowercase" (Python writes
+  // lowercase; other writers, and people, do not).
+  Json upper = Json::parse(R"(["\u00E9\u4E2D", "\uD83D\uDE00", "\u00Ff"])", "t");
+  EXPECT_EQ(upper.as_array()[0].as_string(), "\xc3\xa9\xe4\xb8\xad");
+  EXPECT_EQ(upper.as_array()[1].as_string(), "\xf0\x9f\x98\x80");
+  EXPECT_EQ(upper.as_array()[2].as_string(), "\xc3\xbf");  // U+00FF
+}
+
+TEST(Ch01_Json, WhiteSpaceIsSpaceTabLineFeedAndCarriageReturnOnly) {
+  // RFC 8259 section 2: ws = *( %x20 / %x09 / %x0A / %x0D ). A file written on Windows (CRLF) reads as its LF twin;
+  // a form feed or a vertical tab, white space to isspace(), is no JSON white space (Python refuses both too).
+  EXPECT_EQ(Json::parse("{\r\n  \"a\": [1,\t2]\r\n}\r\n", "t").dump(), "{\"a\":[1,2]}");
+  EXPECT_EQ(Json::parse(" \t\r\n7 \t\r\n", "t").as_int64(), 7);
+  EXPECT_EQ(parse_error("\f1"), "t.json:1:1: unexpected character (expected a JSON value)");
+  EXPECT_EQ(parse_error("1\v"), "t.json:1:2: unexpected text after the JSON value");
+  EXPECT_EQ(parse_error("[1,\xc2\xa0" "2]"), "t.json:1:4: unexpected character (expected a JSON value)");  // U+00A0
 }
 
 TEST(Ch01_Json, WhatRfc8259AndPythonRefuseInStrings) {
@@ -187,6 +203,26 @@ TEST(Ch01_Json, DumpEscapesAndReplacesInvalidUtf8) {
   EXPECT_EQ(v.dump(), "{\"text\":\"a\\\"b\\\\c\\n\\u0001\xef\xbf\xbd\xc3\xa9\",\"n\":-7,\"x\":0.1,\"a\":[null,true]}");
 }
 
+TEST(Ch01_Json, EveryControlCharacterIsWrittenEscapedAsPythonWritesIt) {
+  // RFC 8259 section 7: every byte below 0x20 must be escaped in a string. Python's json.dumps writes the five
+  // that have a short form as \b \t \n \f \r and the others as \u00xx, lowercase; each reads back as itself.
+  static const char* kHex = "0123456789abcdef";
+  for (int c = 0; c < 0x20; c++) {
+    std::string expected;
+    switch (c) {
+      case '\b': expected = "\\b"; break;
+      case '\t': expected = "\\t"; break;
+      case '\n': expected = "\\n"; break;
+      case '\f': expected = "\\f"; break;
+      case '\r': expected = "\\r"; break;
+      default: expected = std::string("\\u00") + kHex[c >> 4] + kHex[c & 15];
+    }
+    const std::string text(1, char(c));
+    EXPECT_EQ(Json(text).dump(), "\"" + expected + "\"") << "byte " << c;
+    EXPECT_EQ(parse_error(Json(text).dump()), "") << "byte " << c;
+  }
+}
+
 TEST(Ch01_Json, RandomDoublesRoundTrip) {
   std::mt19937_64 rng(1);
   for (int i = 0; i < 2000; i++) {
@@ -225,6 +261,9 @@ TEST(Ch01_Json, NumbersADoubleCannotHoldReadAsPythonAndWriteAsTheyWereRead) {
     EXPECT_EQ(Json::parse(written, "t").as_double(), value.as_double()) << text;
   }
   EXPECT_EQ(Json::parse("1e-400", "t").as_double(), 0.0);  // an underflow is zero
+  // ... of its sign, as Python's json.loads("-1e-400") is -0.0.
+  EXPECT_TRUE(std::signbit(Json::parse("-1e-400", "t").as_double()));
+  EXPECT_FALSE(std::signbit(Json::parse("1e-400", "t").as_double()));
   EXPECT_EQ(Json::parse("[1e-400]", "t").dump(), "[1e-400]");
   // Integers past 64 bits: a double, not an integer, quoted as written.
   for (const char* text : {"-9223372036854775809", "18446744073709551616"}) {

@@ -114,6 +114,30 @@ TEST(Ch01_Cli, RangesTakeTheirEndsAndOnlyThePromptMayBeEmpty) {
     EXPECT_EQ(flags.get("prompt", "fallback"), "");
   }
   EXPECT_EQ(error_of([&] { parse({"--max-tokens="}); }), "flag --max-tokens needs a value, got ''");
+  // One past each end is refused, the low ends too (--max-tokens 0, a negative temperature).
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens", "0"}).get_int("max-tokens", 5, 1, 8); }),
+            "--max-tokens must be in [1, 8], got 0");
+  EXPECT_EQ(error_of([&] { parse({"--max-tokens", "9"}).get_int("max-tokens", 5, 1, 8); }),
+            "--max-tokens must be in [1, 8], got 9");
+  EXPECT_EQ(error_of([&] { parse({"--temperature", "-0.5"}).get_double("temperature", 1, 0, 100); }),
+            "--temperature must be in [0, 100], got -0.5");
+}
+
+// --block-size and --device are checked as flags (flags.h), before any model is read: a block size from 16 to 65,536
+// that is a multiple of 16, and cpu or cuda.
+TEST(Ch01_Cli, BlockSizeAndDeviceAreCheckedAsFlags) {
+  auto flags = [](std::vector<std::string> args) { return parse_flags(std::move(args), {"block-size", "device"}, {}); };
+  EXPECT_EQ(block_size_from(flags({}), 256), 256);
+  EXPECT_EQ(block_size_from(flags({"--block-size", "16"}), 256), 16);
+  EXPECT_EQ(block_size_from(flags({"--block-size", "65536"}), 256), 65536);
+  EXPECT_EQ(error_of([&] { block_size_from(flags({"--block-size", "24"}), 256); }), "--block-size must be a multiple of 16");
+  EXPECT_EQ(error_of([&] { block_size_from(flags({"--block-size", "0"}), 256); }), "--block-size must be in [16, 65536], got 0");
+  EXPECT_EQ(error_of([&] { block_size_from(flags({"--block-size", "65552"}), 256); }),
+            "--block-size must be in [16, 65536], got 65552");
+  EXPECT_EQ(device_from(flags({})), "");
+  EXPECT_EQ(device_from(flags({"--device", "cpu"})), "cpu");
+  EXPECT_EQ(device_from(flags({"--device", "cuda"})), "cuda");
+  EXPECT_EQ(error_of([&] { device_from(flags({"--device", "gpu"})); }), "--device must be cpu or cuda, got 'gpu'");
 }
 
 // --collectives takes exactly spin (the default) and events (flags.h); anything else is a usage error naming it.
@@ -136,6 +160,10 @@ TEST(Ch01_Cli, AnArgumentThatIsNoFlagIsRefused) {
   EXPECT_EQ(error_of([&] { parse({"stray"}); }), "unexpected argument 'stray'");
   EXPECT_EQ(error_of([&] { parse({"--max-tokens", "2", "3"}); }), "unexpected argument '3'");
   EXPECT_EQ(error_of([&] { parse({"--json", "-x"}); }), "unexpected argument '-x'");
+  // A misspelt flag is named, never skipped; a switch takes no value, even a "yes" that reads as one.
+  EXPECT_EQ(error_of([&] { parse({"--max-token", "2"}); }), "unknown flag '--max-token'");
+  EXPECT_EQ(error_of([&] { parse({"--json=yes"}); }), "flag --json takes no value");
+  EXPECT_TRUE(parse({"--json"}).has("json"));
 }
 
 // Integers are read whole, as get_double reads numbers: "5x" is not 5. get_uint64 (--seed) takes all of [0, 2^64) and

@@ -206,6 +206,10 @@ TEST(Ch01_TokenizerPieces, PunctuationRunsTakeTrailingNewlines) {
   EXPECT_EQ(pieces(" ?!"), (std::vector<std::string>{" ?!"}));
   EXPECT_EQ(pieces("...\r\n"), (std::vector<std::string>{"...\r\n"}));
   EXPECT_EQ(pieces("a\x1c\x1c" "b"), (std::vector<std::string>{"a", "\x1c\x1c", "b"}));  // U+001C is not \s
+  // Only a space may lead the run (" ?"): a tab before punctuation is white space of its own (Python's `regex`
+  // on the same pattern: "\t!" -> "\t", "!"; "x \t!\n" -> "x", " ", "\t", "!\n").
+  EXPECT_EQ(pieces("\t!"), (std::vector<std::string>{"\t", "!"}));
+  EXPECT_EQ(pieces("x \t!\n"), (std::vector<std::string>{"x", " ", "\t", "!\n"}));
 }
 
 TEST(Ch01_TokenizerPieces, NewlineRuns) {
@@ -333,6 +337,16 @@ TEST(Ch01_TokenizerDecode, LossyLikeRust) {
   EXPECT_EQ(utf8_lossy("\xC0\x80"), fffd + fffd);             // overlong
   EXPECT_EQ(utf8_lossy("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // above U+10FFFF
   EXPECT_EQ(utf8_lossy("\xE4\xBD"), fffd);                    // truncated at the end: one
+  // Table 3-7's other second-byte limits: after E0 only A0..BF (below: an overlong 3-byte form), after F0 only
+  // 90..BF (below: an overlong 4-byte form), and F5..FF start nothing. Each byte of such a sequence is then a
+  // maximal subpart of its own, as in Python's bytes.decode("utf-8", "replace"); the smallest characters of
+  // each length beside them are well-formed.
+  EXPECT_EQ(utf8_lossy("\xE0\x80\xAF"), fffd + fffd + fffd);            // '/' as an overlong 3 bytes
+  EXPECT_EQ(utf8_lossy("\xE0\xA0\x80"), cp(0x800));
+  EXPECT_EQ(utf8_lossy("\xF0\x8F\xBF\xBF"), fffd + fffd + fffd + fffd);  // U+FFFF as an overlong 4 bytes
+  EXPECT_EQ(utf8_lossy("\xF0\x90\x80\x80"), cp(0x10000));
+  EXPECT_EQ(utf8_lossy("\xF5\x80\x80\x80"), fffd + fffd + fffd + fffd);
+  EXPECT_EQ(utf8_lossy("\xF7\xBF\xBF\xBF"), fffd + fffd + fffd + fffd);
   EXPECT_EQ(utf8_lossy("ok " + cp(0x4F60)), "ok " + cp(0x4F60));
   // Through the tokenizer: the byte tokens of a truncated character, then a space.
   EXPECT_EQ(qwen3().decode({byte_token(0xE4), byte_token(0xBD), byte_token(' ')}), fffd + " ");
@@ -349,6 +363,24 @@ TEST(Ch01_TokenizerDecode, SkipUnknownDropsIdsTheTokenizerLacks) {
   EXPECT_EQ(qwen3().decode({151669}, true), "");
   EXPECT_EQ(qwen3().decode({151645}, true), "<|im_end|>");  // added tokens still decode
   EXPECT_THROW(qwen3().decode({hello, 151832}), Error);
+  // An id below vocab_size() may have no token either: with an added token at 300 after the 256 byte tokens,
+  // ids 256..299 are a gap (Qwen3 has none, so only a tokenizer of our own shows it).
+  const Tokenizer gaps = Tokenizer::from_json(tiny_tokenizer_json({}, {}, {{"<end>", 300}}), "t.json");
+  ASSERT_EQ(gaps.vocab_size(), 301);
+  EXPECT_EQ(gaps.decode({'a', 299, 'b', 256, 300}, true), "ab<end>");
+  EXPECT_NE(error_of([&] { gaps.decode({'a', 299}); }).find("unknown token id 299"), std::string::npos);
+}
+
+TEST(Ch01_TokenizerDecode, ATokenWithACharacterOutsideTheByteMapIsItsOwnUtf8) {
+  // Hugging Face's ByteLevel decoder maps a token's characters back to bytes only when every one of them stands
+  // for a byte; if one does not, the whole token is its own UTF-8 (tokenizers' byte_level.rs, decode_chain:
+  // chars().try_fold(...).unwrap_or_else(|| t.as_bytes())). "\u0120 x" mixes the two: U+0120 'Ġ' stands for a
+  // space, but a plain space stands for no byte, so the token decodes to "\u0120 x" itself, not to "  x".
+  const std::string mixed = cp(0x120) + " x";
+  const Tokenizer tok = Tokenizer::from_json(tiny_tokenizer_json({cp(0x120) + "x"}, {}, {{mixed, 300}}), "t.json");
+  EXPECT_EQ(tok.token_bytes(300), mixed);
+  EXPECT_EQ(tok.token_bytes(256), " x");  // every character in the map: bytes
+  EXPECT_EQ(tok.decode({'a', 300, 256}), "a" + mixed + " x");
 }
 
 TEST(Ch01_TokenizerDecode, StreamingHoldsBackSplitCharacters) {
