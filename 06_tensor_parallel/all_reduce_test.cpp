@@ -72,10 +72,12 @@ TEST(Ch06_AllReduceCpu, TheTestInputsSeeTheOrder) {
 }
 
 TEST(Ch06_GatherCpu, ShardsSideBySideCutAtOutCols) {
-  // 3 ranks, 2 rows, 2 columns per shard, 5 kept columns: rank 2's second column is padding.
+  // 3 ranks, 2 rows, 2 columns per shard, 5 kept columns: rank 2's second column is padding. out has two guard
+  // values after its 10: a gather that wrote the padding column too would put the last row's -1 past the end
+  // (every earlier row's is overwritten by the row after it, so only the guard shows it).
   const std::vector<float> s0 = {1, 2, 3, 4}, s1 = {5, 6, 7, 8}, s2 = {9, -1, 10, -1};
   const float* shards[] = {s0.data(), s1.data(), s2.data()};
-  std::vector<float> out(10, -7.0f);
+  std::vector<float> out(10 + 2, -7.0f);
   gather_cpu(out.data(), shards, 3, 2, 2, 5);
-  EXPECT_EQ(out, (std::vector<float>{1, 2, 5, 6, 9, 3, 4, 7, 8, 10}));
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 5, 6, 9, 3, 4, 7, 8, 10, -7, -7}));
 }

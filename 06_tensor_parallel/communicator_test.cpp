@@ -1,5 +1,6 @@
 // The CPU collectives against a plain sum: N ranks as N threads, odd sizes, many calls in a row (a fast
-// rank must never read a slow rank's previous round), and gather's column layout with a padded width. Then
+// rank must never read a slow rank's previous round), gather's column layout with a padded width, and a shard
+// buffer rewritten as soon as gather returns. Then
 // the failure paths of the CPU side of tensor parallelism: the barrier's abort and RankThreads' rethrow.
 #include "06_tensor_parallel/communicator.h"
 
@@ -113,6 +114,33 @@ TEST(Ch06_Communicator, GatherPlacesShardsSideBySideAndCutsThePadding) {
 // the end. That rank holds only padding and adds nothing: out is the first 5 of the 8 columns side by side.
 TEST(Ch06_Communicator, GatherSkipsARankWhoseShardIsAllPadding) {
   expect_gather_puts_shards_side_by_side(/*world=*/4, /*rows=*/3, /*shard_cols=*/2, /*out_cols=*/5);
+}
+
+// gather returns on a rank only once rank 0 has read every shard, so that a rank may write its next shard into the
+// same buffer at once (communicator.h). Here every rank does: 200 gathers in a row from one reused buffer per rank,
+// each call's entries (i, j) = (7 c + 3 i + j) mod 4096 for call c, and rank 0 checks each call's matrix. A gather that
+// let a rank go as soon as the shards were published (before rank 0 had copied them) would mix in entries of the next
+// call. The shards are wide (300 columns of 4 rows) so that rank 0's copy is slow enough for that to show.
+TEST(Ch06_Communicator, ARankRewritesItsShardOnlyAfterRankZeroHasReadIt) {
+  const int world = 3, rows = 4, shard_cols = 300, out_cols = 850, calls = 200;
+  const auto entry = [](int c, int i, int j) { return float((7 * c + 3 * i + j) % 4096); };
+  CpuCommunicator comm(world);
+  std::vector<float> out(size_t(rows) * out_cols);
+  int bad_calls = 0;  // written by rank 0 only
+  on_ranks(world, [&](int rank) {
+    std::vector<float> shard(size_t(rows) * shard_cols);  // reused by every call, as the engine's logits shard is
+    for (int c = 0; c < calls; c++) {
+      for (int i = 0; i < rows; i++)
+        for (int j = 0; j < shard_cols; j++) shard[size_t(i) * shard_cols + j] = entry(c, i, rank * shard_cols + j);
+      comm.gather(rank, shard.data(), rows, shard_cols, rank == 0 ? out.data() : nullptr, out_cols);
+      if (rank != 0) continue;
+      bool ok = true;
+      for (int i = 0; i < rows; i++)
+        for (int j = 0; j < out_cols; j++) ok &= out[size_t(i) * out_cols + j] == entry(c, i, j);
+      bad_calls += !ok;
+    }
+  });
+  EXPECT_EQ(bad_calls, 0) << "of " << calls << " gathers, these read a shard its rank had already rewritten";
 }
 
 // A communicator of no ranks is refused: its barrier would wait for a count of 0 that no arrival ever reaches; a

@@ -410,6 +410,22 @@ TEST(Ch06_Sharding, PaddedRowShardsCoverTheVocabularyAndPadWithZeros) {
   EXPECT_EQ(shard_rows_padded(w, 5, 2, 0, 1), w);  // one rank: the weight itself
 }
 
+// 5 rows over 4 ranks: shards of ceil(5 / 4) = 2 rows, so rank 3's would start at row 6, past the end (a tiny
+// vocabulary, as in Ch06_Communicator.GatherSkipsARankWhoseShardIsAllPadding). Its shard is all padding, and rank
+// 2's is row 4 and one zero row; stacked and cut at 5 rows, the shards are the weight again.
+TEST(Ch06_Sharding, APaddedRowShardPastTheLastRowIsAllZeros) {
+  const std::vector<int> w = {1, 1, 2, 2, 3, 3, 4, 4, 5, 5};
+  const std::vector<std::vector<int>> want = {{1, 1, 2, 2}, {3, 3, 4, 4}, {5, 5, 0, 0}, {0, 0, 0, 0}};
+  std::vector<std::vector<int>> shards;
+  for (int rank = 0; rank < 4; rank++) {
+    shards.push_back(shard_rows_padded(w, 5, 2, rank, 4));
+    EXPECT_EQ(shards.back(), want[size_t(rank)]) << "rank " << rank;
+  }
+  std::vector<int> stacked = concat(shards);
+  stacked.resize(w.size());
+  EXPECT_EQ(stacked, w);
+}
+
 TEST(Ch06_Sharding, LayoutSplitsHeadsAndReplicatesKvHeadsBeyondTheirCount) {
   // Qwen3-0.6B: 16 query heads, 8 KV heads, MLP 3072, vocabulary 151,936.
   TensorParallelLayout t = tensor_parallel_layout(16, 8, 3072, 151936, 2);
