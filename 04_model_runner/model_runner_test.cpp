@@ -99,8 +99,10 @@ TEST(Ch04_ModelRunner, PreparePrefillWithPrefixHitAndChunk) {
   a.block_table = {5, 9, 2};
   a.num_cached_tokens = 16;
   a.num_scheduled_tokens = 20;
-  // b: 3 tokens, block [7], nothing cached.
-  Sequence b(1, range(200, 203), p, 12, 16);
+  // b: 3 tokens, block [7], nothing cached; sampling parameters of its own.
+  SamplingParams q;
+  q.temperature = 0.7f, q.top_k = 5, q.top_p = 0.9f;
+  Sequence b(1, range(200, 203), q, 12, 16);
   b.block_table = {7};
   b.num_scheduled_tokens = 3;
   StepInputs in = runner.prepare_prefill({&a, &b});
@@ -130,6 +132,15 @@ TEST(Ch04_ModelRunner, PreparePrefillWithPrefixHitAndChunk) {
   ASSERT_EQ(in.sampling.size(), 2u);
   EXPECT_EQ(in.sampling[0].seed, 11u);
   EXPECT_EQ(in.sampling[0].step, 40u);  // the token being generated is index 40
+  // Each row carries its own sequence's temperature, top_k and top_p to the sampler (a: the defaults).
+  EXPECT_EQ(in.sampling[0].temperature, 1.0f);
+  EXPECT_EQ(in.sampling[0].top_k, 0);
+  EXPECT_EQ(in.sampling[0].top_p, 1.0f);
+  EXPECT_EQ(in.sampling[1].temperature, 0.7f);
+  EXPECT_EQ(in.sampling[1].top_k, 5);
+  EXPECT_EQ(in.sampling[1].top_p, 0.9f);
+  EXPECT_EQ(in.sampling[1].seed, 12u);
+  EXPECT_EQ(in.sampling[1].step, 3u);
 }
 
 TEST(Ch04_ModelRunner, PrepareDecodeUsesTheLastSlot) {
@@ -149,6 +160,17 @@ TEST(Ch04_ModelRunner, PrepareDecodeUsesTheLastSlot) {
   EXPECT_EQ(in.positions, (std::vector<int32_t>{32, 19}));
   EXPECT_EQ(in.slot_mapping, (std::vector<int32_t>{6 * 16 + 0, 0 * 16 + 3}));
   EXPECT_EQ(in.context_lens, (std::vector<int32_t>{33, 20}));  // the current token included
+  // The longest context, which the decode kernel's grid is sized for (one short would drop a key on the GPU).
+  EXPECT_EQ(in.max_seqlen_k, 33);
+  // The tokens being generated are indices 33 and 20; each row's table is its sequence's, -1 past it.
+  ASSERT_EQ(in.sampling.size(), 2u);
+  EXPECT_EQ(in.sampling[0].step, 33u);
+  EXPECT_EQ(in.sampling[1].step, 20u);
+  const int width = 256 / 16;
+  ASSERT_EQ(in.block_tables.size(), size_t(2 * width));
+  EXPECT_EQ(std::vector<int32_t>(in.block_tables.begin(), in.block_tables.begin() + 4), (std::vector<int32_t>{4, 1, 6, -1}));
+  EXPECT_EQ(std::vector<int32_t>(in.block_tables.begin() + width, in.block_tables.begin() + width + 3),
+            (std::vector<int32_t>{3, 0, -1}));
 }
 
 namespace {
@@ -408,6 +430,20 @@ TEST(Ch04_ModelRunner, ABlockTableTooShortIsAnErrorNotAStrayRead) {
             "internal: sequence 0 computes up to position 19 but holds 1 block of 16 tokens");
   s.block_table = {3, 5};
   EXPECT_EQ(test::error_of([&] { runner.prepare_prefill({&s}); }), "");
+  // At the edge: 17 tokens need two blocks of 16 (position 16 starts the second), 16 tokens one; in a
+  // prefill, and in a decode step whose input is the 17th token.
+  Sequence edge(1, range(1, 18), SamplingParams(), 0, 16);
+  edge.block_table = {3};
+  edge.num_scheduled_tokens = 17;
+  EXPECT_EQ(test::error_of([&] { runner.prepare_prefill({&edge}); }),
+            "internal: sequence 1 computes up to position 16 but holds 1 block of 16 tokens");
+  edge.num_cached_tokens = 16, edge.num_scheduled_tokens = 1;
+  EXPECT_EQ(test::error_of([&] { runner.prepare_decode({&edge}); }),
+            "internal: sequence 1 computes up to position 16 but holds 1 block of 16 tokens");
+  Sequence full(2, range(1, 17), SamplingParams(), 0, 16);
+  full.block_table = {3};
+  full.num_scheduled_tokens = 16;
+  EXPECT_EQ(test::error_of([&] { runner.prepare_prefill({&full}); }), "");
 }
 
 TEST(Ch04_ModelRunner, BlocksThatFitClampAtIntMaxAndNeverGoNegative) {

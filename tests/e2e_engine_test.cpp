@@ -6,10 +6,14 @@
 //  - seeded sampling is reproducible and does not depend on scheduling;
 //  - random workloads (prompt and output lengths at block edges, shared and repeated prompts, greedy and
 //    seeded requests) give the same tokens under tight pools, budgets and batch limits;
+//  - a request's top_k / top_p reach the sampler, and requests without a seed draw their own tokens;
+//  - generate gives each prompt its own params and returns outputs in prompt order; a caller stepping the
+//    engine itself gets each request once, and its first-token time after its last prefill chunk;
 //  - bad requests are refused with clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <random>
 
@@ -344,6 +348,7 @@ TEST(E2E_Engine, BadRequestsAreRefusedWithClearErrors) {
   };
   SamplingParams p = greedy(4);
   EXPECT_EQ(message({1, 512}, p), "request 0: token id 512 is outside the vocabulary [0, 512)");
+  EXPECT_EQ(message({-1, 1}, p), "request 0: token id -1 is outside the vocabulary [0, 512)");  // a row before the embedding's
   EXPECT_EQ(message({}, p), "request 0: the prompt is empty");
   EXPECT_EQ(message(std::vector<int32_t>(62, 1), p),
             "request 0: prompt (62 tokens) + max_tokens (4) exceeds max_model_len (64)");
@@ -422,4 +427,119 @@ TEST(E2E_Engine, RandomWorkloadsGiveTheSameTokensUnderTightShapes) {
   EXPECT_GT(chunks, 0) << "no shape chunked a prefill";
   EXPECT_GT(hits, 0) << "no prompt hit the prefix cache";
   EXPECT_GT(stopped_early, 0) << "no request stopped at an EOS";
+}
+
+TEST(E2E_Engine, TopKOfOneAndATinyTopPSampleTheGreedyTokens) {
+  // A request's top_k and top_p reach the sampler (ModelRunner::fill_sampling): top_k = 1 keeps only the most
+  // likely token, and top_p = 1e-6 keeps the smallest set whose probability reaches it, the most likely token
+  // alone (07_sampler), so at temperature 1 both must give the greedy tokens. Plain temperature-1 sampling with
+  // the same seed draws other tokens: were top_k or top_p dropped on the way, the tokens would be those.
+  Golden g = load_golden("tiny-qwen3-b");
+  const std::vector<std::vector<int32_t>> prompts(g.prompts.begin() + 1, g.prompts.begin() + 5);
+  EngineConfig c = config_for("tiny-qwen3-b");
+  c.seed = 11;
+  const std::vector<std::vector<int32_t>> want = completions(LLMEngine(c).generate(prompts, {greedy(8)}));
+  SamplingParams sampled = greedy(8);
+  sampled.temperature = 1.0f;
+  SamplingParams top_k = sampled, top_p = sampled;
+  top_k.top_k = 1;
+  top_p.top_p = 1e-6f;
+  EXPECT_EQ(completions(LLMEngine(c).generate(prompts, {top_k})), want) << "top_k 1";
+  EXPECT_EQ(completions(LLMEngine(c).generate(prompts, {top_p})), want) << "top_p 1e-6";
+  EXPECT_NE(completions(LLMEngine(c).generate(prompts, {sampled})), want) << "sampling must differ from greedy here";
+}
+
+TEST(E2E_Engine, RequestsWithoutASeedDrawTheirOwnTokens) {
+  // A request without a seed gets one derived from the engine's seed and its id (add_request): the same
+  // prompt asked twice at temperature 1 must not draw the same completion (with one seed for every request,
+  // both would be the same tokens: the same logits and the same noise at every position). 16 tokens over
+  // tiny-qwen3-b's 1,000 ids: a chance match of all of them is out of the question.
+  Golden g = load_golden("tiny-qwen3-b");
+  EngineConfig c = config_for("tiny-qwen3-b");
+  c.seed = 42;
+  SamplingParams p = greedy(16);
+  p.temperature = 1.0f;
+  const auto got = completions(LLMEngine(c).generate({g.prompts[2], g.prompts[2]}, {p}));
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NE(got[0], got[1]);
+}
+
+TEST(E2E_Engine, GenerateGivesEachPromptItsOwnParamsAndOutputsInPromptOrder) {
+  // generate with one SamplingParams per prompt: prompt i runs with params[i]. With ignore_eos, a request
+  // gives exactly max_tokens tokens, so the lengths show whose params each ran with; the longest request is
+  // given first, so that it finishes last, and the outputs still come in the prompts' order, each with its
+  // own prompt (not its prompt and completion). A count of params that is neither 1 nor the prompts' is refused.
+  Golden g = load_golden("tiny-qwen3-a");
+  const std::vector<std::vector<int32_t>> prompts = {g.prompts[3], g.prompts[1], g.prompts[2]};
+  LLMEngine engine(config_for("tiny-qwen3-a"));
+  const std::vector<GenerateOutput> out = engine.generate(prompts, {greedy(9), greedy(2), greedy(5)});
+  ASSERT_EQ(out.size(), 3u);
+  const size_t lengths[3] = {9, 2, 5};
+  for (size_t i = 0; i < 3; i++) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    EXPECT_EQ(out[i].seq_id, int64_t(i));
+    EXPECT_EQ(out[i].prompt_token_ids, prompts[i]);
+    EXPECT_EQ(out[i].token_ids.size(), lengths[i]);
+  }
+  EXPECT_EQ(test::error_of([&] { engine.generate(prompts, {greedy(1), greedy(1), greedy(1), greedy(1)}); }),
+            "generate: 4 sampling params for 3 prompts");
+  EXPECT_EQ(test::error_of([&] { engine.generate(prompts, {greedy(1), greedy(1)}); }),
+            "generate: 2 sampling params for 3 prompts");
+}
+
+TEST(E2E_Engine, SteppingReturnsEachRequestOnceAndItsFirstTokenAfterItsLastChunk) {
+  // A caller driving step() itself (streaming) gets each finished request once. In the overlapped loop a
+  // request stopped by EOS still has a row in the step launched ahead: that row is dropped, not returned again,
+  // and the engine is not finished until that step is collected, so that a request added then is prefilled by
+  // the next step (not left behind a stale step). A prompt of 600 tokens under a budget of 256 is prefilled in
+  // three chunks (256, 256, 88): its first completion token comes from the third step, so its first-token time
+  // is after the second step returned.
+  Golden g = load_golden("tiny-qwen3-a");
+  EngineConfig c = config_for("tiny-qwen3-a");
+  // An EOS id that prompt 2's greedy run first meets at its third token or later (as a decode step's token,
+  // while the overlapped loop has the step after in flight).
+  const std::vector<int32_t> free_run = LLMEngine(c).generate({g.prompts[2]}, {greedy(10)})[0].token_ids;
+  size_t k = 2;
+  while (k < free_run.size() && std::count(free_run.begin(), free_run.begin() + ptrdiff_t(k), free_run[k]) > 0) k++;
+  ASSERT_LT(k, free_run.size()) << "no new token in the free run to stop at";
+  c.eos = {free_run[k]};
+  c.max_num_batched_tokens = 256;
+  LLMEngine engine(c);
+  ASSERT_TRUE(engine.config().overlap_steps);
+  SamplingParams stop = greedy(10);
+  stop.ignore_eos = false;
+  engine.add_request(g.prompts[2], stop);       // stops at EOS, before the others
+  engine.add_request(g.prompts[3], greedy(8));  // run on past it
+  engine.add_request(g.prompts[1], greedy(8));
+  std::map<int64_t, int> returned;
+  while (!engine.is_finished())
+    for (const GenerateOutput& o : engine.step().first) returned[o.seq_id]++;
+  EXPECT_EQ(returned, (std::map<int64_t, int>{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_GT(engine.stats().overlapped_steps, 0) << "the overlapped loop never overlapped";
+
+  // One request that stops at EOS, alone: when its EOS is read, the step after is already in flight.
+  engine.add_request(g.prompts[2], stop);
+  std::vector<GenerateOutput> stopped;
+  while (!engine.is_finished())
+    for (GenerateOutput& o : engine.step().first) stopped.push_back(std::move(o));
+  ASSERT_EQ(stopped.size(), 1u);
+  EXPECT_EQ(stopped[0].token_ids, std::vector<int32_t>(free_run.begin(), free_run.begin() + ptrdiff_t(k) + 1));
+  const std::vector<int32_t>& prompt = g.prompts.back();  // 600 tokens
+  ASSERT_EQ(prompt.size(), 600u);
+  const int64_t id = engine.add_request(prompt, greedy(1));
+  std::vector<std::chrono::steady_clock::time_point> after;
+  std::vector<GenerateOutput> finished;
+  std::vector<int> tokens;
+  while (!engine.is_finished()) {
+    auto [out, n] = engine.step();
+    after.push_back(std::chrono::steady_clock::now());
+    tokens.push_back(n);
+    for (GenerateOutput& o : out) finished.push_back(std::move(o));
+  }
+  EXPECT_EQ(tokens, (std::vector<int>{256, 256, 88})) << "the new request's prefill chunks, and nothing else";
+  ASSERT_EQ(finished.size(), 1u);
+  EXPECT_EQ(finished[0].seq_id, id);
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_GT(finished[0].times.first_token, after[1]) << "the first token was stamped at a chunk's step";
+  EXPECT_LE(finished[0].times.first_token, finished[0].times.finished);
 }

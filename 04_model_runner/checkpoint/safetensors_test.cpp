@@ -577,6 +577,20 @@ TEST(Ch04_Safetensors, TiedCheckpointMayStillHoldLmHead) {
   EXPECT_NO_THROW(c.check_layout(qwen3_checkpoint_layout(config)));
   EXPECT_NE(c.find("lm_head.weight"), nullptr);
 
+  // Each of the float types loads (read_as_float converts them): the layout given as F16 (the same bytes
+  // read as another 2-byte float), and as F32 (zeros: only the header is checked here).
+  for (DType dtype : {DType::F16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<TensorToWrite> as = tensors;
+    for (TensorToWrite& t : as) {
+      t.dtype = dtype;
+      if (dtype == DType::F32) t.data = nullptr, t.fill = [](uint8_t*) {};
+    }
+    write_safetensors(dir / "model.safetensors", as);
+    Checkpoint other = Checkpoint::open(dir.path());
+    EXPECT_EQ(error_of([&] { other.check_layout(qwen3_checkpoint_layout(config)); }), "");
+  }
+
   // A weight stored as an integer type is refused.
   tensors[0].dtype = DType::I16;
   write_safetensors(dir / "model.safetensors", tensors);
