@@ -15,7 +15,6 @@
 // The walkthrough's "All exercises" list names each chapter's exercises, 1 to its README's last.
 // And no source comment cites a document that is not in the repository. tests/data/docs_fixture/ holds
 // a README broken on purpose: the checker must find each of its faults.
-#include <dirent.h>
 
 #include <gtest/gtest.h>
 
@@ -39,10 +38,7 @@ const std::string kRoot = NANOVLLM_SOURCE_DIR;
 // hidden folders and test data.
 void list_files(const std::string& dir, const std::regex& pattern, std::vector<std::string>& out,
                 bool with_test_data = false) {
-  DIR* d = opendir((kRoot + "/" + dir).c_str());
-  if (!d) return;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : nanovllm::test::folder_entries(kRoot + "/" + dir)) {
     if (name[0] == '.' || name.rfind("build", 0) == 0) continue;
     const std::string path = dir.empty() ? name : dir + "/" + name;
     if (path == "tests/data" && !with_test_data) continue;
@@ -52,7 +48,6 @@ void list_files(const std::string& dir, const std::regex& pattern, std::vector<s
       out.push_back(path);
     }
   }
-  closedir(d);
 }
 
 std::vector<std::string> sources() {
@@ -110,12 +105,10 @@ bool glob_exists(const std::string& base, const std::string& path) {
   std::string pattern = path.substr(folder.empty() ? 0 : folder.size() + 1);
   pattern = std::regex_replace(pattern, std::regex(R"(\.)"), R"(\.)");
   pattern = std::regex_replace(pattern, std::regex(R"(\*)"), ".*");
-  DIR* d = opendir((base + "/" + folder).c_str());
-  if (!d) return false;
-  bool found = false;
-  while (dirent* e = readdir(d)) found |= std::regex_match(std::string(e->d_name), std::regex(pattern));
-  closedir(d);
-  return found;
+  const std::regex name_pattern(pattern);
+  for (const std::string& name : nanovllm::test::folder_entries(base + "/" + folder))
+    if (std::regex_match(name, name_pattern)) return true;
+  return false;
 }
 
 // Paths, symbols and references of one Markdown file; returns one message per fault.

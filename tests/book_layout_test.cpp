@@ -10,7 +10,6 @@
 //                                the Makefile's deps_NN): never the entry, the command line, the
 //                                tokenizer, or an earlier chapter's logic
 // Tests (*_test.cpp, *_test.cu, tests/) are exempt: they may reach anything.
-#include <dirent.h>
 
 #include <gtest/gtest.h>
 
@@ -31,11 +30,7 @@ const std::string kRoot = NANOVLLM_SOURCE_DIR;
 
 // Every source file under `dir` (relative to the repository root), tests (*_test.cpp, *_test.cu) left out.
 void list_sources(const std::string& dir, std::vector<std::string>& out) {
-  DIR* d = opendir((kRoot + "/" + dir).c_str());
-  if (!d) return;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
+  for (const std::string& name : nanovllm::test::folder_entries(kRoot + "/" + dir)) {
     const std::string path = dir + "/" + name;
     if (nanovllm::is_directory(kRoot + "/" + path)) {
       list_sources(path, out);
@@ -44,7 +39,6 @@ void list_sources(const std::string& dir, std::vector<std::string>& out) {
       out.push_back(path);
     }
   }
-  closedir(d);
 }
 
 // The part of the book a path belongs to: "base", "types", "tokenizer", "entry", "cli", "02" .. "07",
@@ -152,13 +146,9 @@ TEST(Book_Layout, EveryChapterHasAReadmeAndItsSubjectAtItsTopLevel) {
     EXPECT_TRUE(nanovllm::is_regular_file(kRoot + "/" + chapter + "/" + subject)) << chapter << "/" << subject;
   }
   // 01_sequence's top level: the entry files and at most four subfolders.
+  const std::set<std::string> top = nanovllm::test::folder_entries(kRoot + "/01_sequence");
+  ASSERT_FALSE(top.empty());
   int folders = 0;
-  DIR* d = opendir((kRoot + "/01_sequence").c_str());
-  ASSERT_NE(d, nullptr);
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != ".." && nanovllm::is_directory(kRoot + "/01_sequence/" + name)) folders++;
-  }
-  closedir(d);
+  for (const std::string& name : top) folders += nanovllm::is_directory(kRoot + "/01_sequence/" + name);
   EXPECT_LE(folders, 4);
 }
